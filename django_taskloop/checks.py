@@ -1,0 +1,38 @@
+"""System checks, with stable ids ``taskloop.E…``/``taskloop.W…``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+from django.db import connections
+
+
+@checks.register(checks.Tags.database)
+def check_skip_locked(databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """taskloop.E001: MySQL/MariaDB must support ``SKIP LOCKED``."""
+    errors: list[checks.CheckMessage] = []
+    for alias in databases or []:
+        connection = connections[alias]
+        if connection.vendor == "sqlite":
+            continue
+        if connection.vendor not in ("mysql", "postgresql"):
+            errors.append(
+                checks.Error(
+                    f"Database {alias!r} ({connection.vendor}) is not supported by django-taskloop.",
+                    hint="Use SQLite, MySQL 8.0.1+, MariaDB 10.6+ or PostgreSQL 14+.",
+                    id="taskloop.E002",
+                )
+            )
+            continue
+        connection.ensure_connection()
+        if not connection.features.has_select_for_update_skip_locked:
+            errors.append(
+                checks.Error(
+                    f"Database {alias!r} does not support SELECT … FOR UPDATE SKIP LOCKED.",
+                    hint="django-taskloop needs MySQL 8.0.1+ or MariaDB 10.6+ to claim rows "
+                    "without table locks; upgrade the server.",
+                    id="taskloop.E001",
+                )
+            )
+    return errors

@@ -1,0 +1,54 @@
+"""The ``TASKLOOP`` setting: one dict merged over defaults, cached, reset on change."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULTS: dict[str, Any] = {
+    # Seconds without a heartbeat after which a tube consumer counts as dead.
+    "CONSUMER_TIMEOUT": 60,
+    # Seconds without a heartbeat after which a board entity shows as stale.
+    "ENTITY_TIMEOUT": 60,
+    # Seconds to keep consumed jobs as history; 0 deletes them at once.
+    "JOB_HISTORY_RETENTION": 0,
+    # Seconds to keep acknowledged Django Tasks results.
+    "RESULT_RETENTION": 7 * 24 * 3600,
+    # Times a claim is retried inside the engine after a deadlock / lock timeout / busy SQLite.
+    "RETRIES": 5,
+    # Worker defaults.
+    "MAX_ATTEMPTS": 5,
+    "RETRY_BACKOFF": 1.0,
+    "RETRY_BACKOFF_MAX": 300.0,
+    "GRACE_PERIOD": 30.0,
+    "HEARTBEAT_INTERVAL": 10.0,
+    # Polling of take()/wait(): first sleep, growth factor, longest sleep (seconds).
+    "POLL_MIN": 0.005,
+    "POLL_FACTOR": 1.5,
+    "POLL_MAX": 0.1,
+}
+
+
+@cache
+def get_config() -> dict[str, Any]:
+    """Return ``settings.TASKLOOP`` merged over the defaults."""
+    user = getattr(settings, "TASKLOOP", {}) or {}
+    unknown = set(user) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"TASKLOOP: unknown key(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    return {**DEFAULTS, **user}
+
+
+def setting(name: str) -> Any:
+    """Return one TASKLOOP value."""
+    return get_config()[name]
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    if setting == "TASKLOOP":
+        get_config.cache_clear()

@@ -1,0 +1,144 @@
+"""The claim/lease engine under every facade (loops, job boards, tubes, Lockable).
+
+One primitive: a row with a lease (an owner and a deadline on the database's clock), claimed
+under ``SELECT … FOR UPDATE SKIP LOCKED`` (SQLite: under a write lock taken first). The
+facades hold only their domain's policy: which rows are claimable, in which order, and what a
+claim writes.
+
+Claiming follows the candidate-then-lock pattern: (1) a plain, index-ordered read finds
+candidate primary keys outside any transaction; (2) a short transaction locks those of them
+that are still claimable with ``FOR UPDATE SKIP LOCKED``, (3) writes the lease, and (4) commits.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, connections, transaction
+from django.db.models import Model, Q, QuerySet
+
+from ..conf import setting
+from ..exceptions import DatabaseBusy
+from .vendor import DbNow, db_now, features, is_retryable, take_write_lock, to_datetime
+
+__all__ = [
+    "DbNow",
+    "db_now",
+    "to_datetime",
+    "features",
+    "write_transaction",
+    "run_in_transaction",
+    "claim",
+    "batched",
+]
+
+T = TypeVar("T")
+
+
+@contextmanager
+def write_transaction(model: type[Model], using: str) -> Iterator[None]:
+    """Open ``atomic(using)`` whose first statement takes the write lock where that matters.
+
+    On SQLite the whole database is the lock: taking it first turns a lock-upgrade deadlock
+    into an ordinary wait bounded by the busy timeout. On other databases this is ``atomic``.
+    """
+    with transaction.atomic(using=using):
+        take_write_lock(connections[using], model._meta.db_table)
+        yield
+
+
+def run_in_transaction(model: type[Model], using: str, work: Callable[[], T]) -> T:
+    """Run ``work()`` in a write transaction, retrying deadlocks and lock timeouts.
+
+    Retries happen only when this is the outermost transaction: inside a caller's
+    ``atomic()`` a deadlock has already spoiled the caller's transaction, so it surfaces as
+    :class:`DatabaseBusy` for the caller to retry whole.
+    """
+    outermost = not connections[using].in_atomic_block
+    retries = setting("RETRIES")
+    attempt = 0
+    while True:
+        try:
+            with write_transaction(model, using):
+                return work()
+        except DatabaseError as error:
+            if not is_retryable(error, using):
+                raise
+            if not outermost or attempt >= retries:
+                raise DatabaseBusy(
+                    f"database {using!r} stayed locked or deadlocked after {attempt + 1} tries "
+                    f"({error}); on SQLite, raise OPTIONS['timeout'] or use fewer writers"
+                ) from error
+            attempt += 1
+            # Jitter keeps the retrying processes from colliding again in step.
+            time.sleep(min(0.5, 0.01 * 2**attempt) * random.uniform(0.5, 1.5))
+
+
+def claim(
+    queryset: QuerySet[Any],
+    *,
+    limit: int,
+    claimable: Q,
+    order_by: Sequence[Any],
+    changes: dict[str, Any],
+    fetch: bool = False,
+    overfetch: int = 2,
+) -> list[Any]:
+    """Claim up to ``limit`` rows of ``queryset`` that match ``claimable``, best first.
+
+    ``order_by`` is the claim order (it must end in a unique column, and an index should serve
+    it); ``changes`` is what the claim writes (the lease: owner, deadline via :class:`DbNow`,
+    counters via ``F()``). Return the claimed primary keys in claim order, or the model
+    instances as they are after the claim when ``fetch`` is true.
+    """
+    if limit <= 0:
+        return []
+    model = queryset.model
+    using = queryset.db
+    base = queryset.filter(claimable).order_by(*order_by)
+    rows = model._base_manager.db_manager(using)
+
+    def write(pks: list[Any]) -> list[Any]:
+        if not pks:
+            return []
+        rows.filter(pk__in=pks).update(**changes)
+        if not fetch:
+            return pks
+        by_pk = rows.in_bulk(pks)
+        return [by_pk[pk] for pk in pks]
+
+    if features(using).write_lock_first:
+        # SQLite: nobody else can write while we hold the lock, so read and write at once.
+        return run_in_transaction(model, using, lambda: write(list(base.values_list("pk", flat=True)[:limit])))
+
+    of = ("self",) if features(using).for_update_of else ()
+
+    def lock_and_write(locking: QuerySet[Any]) -> list[Any]:
+        # (2) Lock what is still claimable, skipping rows another claimer holds;
+        # (3) write the lease; (4) commit on leaving run_in_transaction.
+        locked = locking.select_for_update(skip_locked=True, of=of).values_list("pk", flat=True)[:limit]
+        return write(list(locked))
+
+    # (1) Candidates, read outside the transaction: a few more than needed, so that a rival
+    # holding some of them does not leave us empty-handed.
+    candidates = list(base.values_list("pk", flat=True)[: limit * overfetch])
+    if not candidates:
+        return []
+    recheck = rows.filter(claimable, pk__in=candidates).order_by(*order_by)
+    claimed = run_in_transaction(model, using, lambda: lock_and_write(recheck))
+    if claimed or len(candidates) < limit * overfetch:
+        return claimed
+    # Rivals held every candidate (they all read the same head of the queue). Let the index
+    # scan itself skip what is locked: it finds free rows whenever there are any.
+    return run_in_transaction(model, using, lambda: lock_and_write(base))
+
+
+def batched(values: Sequence[T], using: str, per_row: int = 1) -> Iterator[Sequence[T]]:
+    """Yield ``values`` in slices small enough for one statement on database ``using``."""
+    size = max(1, features(using).max_params // max(1, per_row))
+    for start in range(0, len(values), size):
+        yield values[start : start + size]

@@ -1,0 +1,150 @@
+"""Everything that differs between SQLite, MySQL/MariaDB and PostgreSQL, decided in one place.
+
+The rest of the package asks :func:`features` what a connection can do and uses
+:class:`DbNow` for the database clock; no other module looks at ``connection.vendor``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.db import connections
+from django.db.models import DateTimeField, Expression
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the claim engine needs to know about one database."""
+
+    vendor: str
+    #: ``SELECT … FOR UPDATE SKIP LOCKED`` exists (MySQL 8.0.1+, MariaDB 10.6+, PostgreSQL).
+    skip_locked: bool
+    #: ``FOR UPDATE OF <table>`` exists (PostgreSQL, MySQL 8; not MariaDB).
+    for_update_of: bool
+    #: No row locks: a write lock on the whole database must be taken first (SQLite).
+    write_lock_first: bool
+    #: ``LISTEN``/``NOTIFY`` wake-ups are available (PostgreSQL).
+    notify: bool
+    #: Largest number of bound parameters worth putting in one statement.
+    max_params: int
+
+
+@cache
+def _features(alias: str, vendor: str, skip_locked: bool, of: bool) -> Features:
+    return Features(
+        vendor=vendor,
+        skip_locked=skip_locked,
+        for_update_of=of,
+        write_lock_first=vendor == "sqlite",
+        notify=vendor == "postgresql",
+        # SQLite's default limit is 32766 (3.32+); MySQL and PostgreSQL take 65535.
+        max_params=30_000 if vendor == "sqlite" else 60_000,
+    )
+
+
+def features(using: str) -> Features:
+    """Return the :class:`Features` of database alias ``using``."""
+    connection = connections[using]
+    skip = False
+    of = False
+    if connection.vendor != "sqlite":
+        # These flags need the server version, which needs a connection.
+        connection.ensure_connection()
+        skip = bool(connection.features.has_select_for_update_skip_locked)
+        of = bool(connection.features.has_select_for_update_of)
+    return _features(using, connection.vendor, skip, of)
+
+
+class DbNow(Expression):
+    """The database's clock, plus ``seconds`` (may be negative or fractional).
+
+    Deadlines are computed and compared by the database so that workers on many hosts agree.
+    The value is the time of the statement, not of the transaction's start.
+    """
+
+    output_field = DateTimeField()
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        super().__init__(output_field=DateTimeField())
+        self.seconds = float(seconds)
+
+    def __repr__(self) -> str:
+        return f"DbNow({self.seconds!r})"
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        raise NotImplementedError(f"django-taskloop does not support the {connection.vendor} database")
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        if not self.seconds:
+            return "STATEMENT_TIMESTAMP()", []
+        return "(STATEMENT_TIMESTAMP() + make_interval(secs => %s))", [self.seconds]
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        # Django stores UTC in DATETIME(6) columns when USE_TZ is on; UTC_TIMESTAMP matches that
+        # whatever the session's time zone is.
+        if not self.seconds:
+            return "UTC_TIMESTAMP(6)", []
+        return "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)", [round(self.seconds * 1_000_000)]
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        # Millisecond precision, the format Django writes (and parses back).
+        return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"{self.seconds:+.3f} seconds"]
+
+
+def to_datetime(value: Any) -> dt.datetime:
+    """Turn what a cursor returns for a :class:`DbNow` into an aware (if ``USE_TZ``) datetime."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if settings.USE_TZ and timezone.is_naive(value):
+        value = timezone.make_aware(value, dt.UTC)
+    return value
+
+
+def db_now(using: str = "default") -> dt.datetime:
+    """Return the database server's current time."""
+    connection = connections[using]
+    sql, params = _now_sql(connection)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {sql}", params)
+        return to_datetime(cursor.fetchone()[0])
+
+
+def _now_sql(connection: Any) -> tuple[str, list[Any]]:
+    method = getattr(DbNow(), f"as_{connection.vendor}", None)
+    if method is None:
+        raise NotImplementedError(f"django-taskloop does not support the {connection.vendor} database")
+    return method(None, connection)
+
+
+def is_retryable(error: BaseException, using: str) -> bool:
+    """Say whether ``error`` is a deadlock, lock timeout or busy database worth retrying."""
+    vendor = connections[using].vendor
+    if vendor == "mysql":
+        # 1213: deadlock found; 1205: lock wait timeout exceeded.
+        return bool(error.args) and error.args[0] in (1205, 1213)
+    if vendor == "postgresql":
+        sqlstate = getattr(error.__cause__, "sqlstate", None) or getattr(error, "sqlstate", None)
+        return sqlstate in ("40P01", "40001", "55P03")
+    if vendor == "sqlite":
+        return "locked" in str(error) or "busy" in str(error)
+    return False
+
+
+def take_write_lock(connection: Any, table: str) -> None:
+    """On SQLite, make the transaction's first statement a write.
+
+    SQLite has no row locks. A transaction that reads first and writes later can find another
+    writer ahead of it and fail at once with "database is locked" (a lock upgrade deadlock,
+    where the busy timeout does not help). A no-op ``UPDATE`` first takes the write lock, and
+    while waiting for it SQLite honours the busy timeout.
+    """
+    if connection.vendor == "sqlite":
+        qn = connection.ops.quote_name
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {qn(table)} SET rowid = rowid WHERE 0")

@@ -1,0 +1,98 @@
+"""Argument checks shared by every facade.
+
+Each check runs before anything touches the database and raises ``TypeError`` (wrong type) or
+``ValueError`` (bad value) with a message that names the argument as spelled in the signature.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from django.db.models import QuerySet
+
+# Longer than any lease anyone needs, short enough that now + seconds stays a valid datetime
+# on every database (about 31 years).
+MAX_SECONDS = 1_000_000_000
+
+
+def check_seconds(
+    value: Any,
+    name: str,
+    *,
+    allow_none: bool = False,
+    positive: bool = False,
+    non_negative: bool = False,
+) -> float | None:
+    """Return ``value`` as float seconds; ``int``/``float`` only, finite, within bounds."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be an int or float number of seconds, not {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, not {value!r}")
+    if positive and not value > 0:
+        raise ValueError(f"{name} must be > 0, not {value!r}")
+    if non_negative and value < 0:
+        raise ValueError(f"{name} must be >= 0, not {value!r}")
+    if abs(value) > MAX_SECONDS:
+        raise ValueError(f"{name} must be at most {MAX_SECONDS} seconds in size, not {value!r}")
+    return float(value)
+
+
+def check_count(value: Any, name: str, *, minimum: int = 0, maximum: int | None = None) -> int:
+    """Return ``value`` if it is an ``int`` (``bool`` rejected) >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, not {value!r}")
+    return value
+
+
+def check_owner(value: Any, name: str, *, max_length: int = 255) -> str:
+    """Return ``value`` if it is a non-empty ``str`` that fits the owner column."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must not be empty")
+    if len(value) > max_length:
+        raise ValueError(f"{name} must be at most {max_length} characters, not {len(value)}")
+    return value
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """Return ``value`` if it is a ``bool``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+    return value
+
+
+_SCALARS = (str, bytes, int, float, uuid.UUID)
+
+
+def as_id_list(id_or_ids: Any, name: str = "id_or_ids") -> list[Any]:
+    """Return one id or an iterable of ids as a list without duplicates, first occurrence first.
+
+    A ``str`` is one id, never an iterable of characters. A queryset is evaluated as its
+    primary keys (or its single ``values_list`` column).
+    """
+    if id_or_ids is None:
+        raise TypeError(f"{name} must be an id or an iterable of ids, not None")
+    if isinstance(id_or_ids, _SCALARS) or not isinstance(id_or_ids, Iterable):
+        values: Iterable[Any] = [id_or_ids]
+    elif isinstance(id_or_ids, QuerySet) and id_or_ids._iterable_class.__name__ == "ModelIterable":
+        values = id_or_ids.values_list("pk", flat=True)
+    else:
+        values = id_or_ids
+    seen: dict[Any, None] = {}
+    for value in values:
+        if value is None:
+            raise TypeError(f"{name} must not contain None")
+        if hasattr(value, "_meta") and hasattr(value, "pk"):  # a model instance: use its pk
+            value = value.pk
+        seen.setdefault(value, None)
+    return list(seen)

@@ -1,0 +1,51 @@
+"""Fixtures shared by the whole suite, and helpers to race real processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from django.db import connections
+
+
+def _child(target: Callable[..., Any], args: Sequence[Any], queue: Any, barrier: Any) -> None:
+    # The parent closed its connections before forking, so each child opens its own.
+    try:
+        barrier.wait(timeout=60)  # start together, so that the race is real
+        queue.put(("ok", target(*args)))
+    except BaseException:  # report anything, the parent asserts on it
+        queue.put(("error", traceback.format_exc()))
+    finally:
+        connections.close_all()
+
+
+def race(target: Callable[..., Any], args_per_process: Sequence[Sequence[Any]], timeout: float = 300) -> list[Any]:
+    """Run ``target(*args)`` in one real OS process per entry, all at once; return the results.
+
+    Use from ``transaction=True`` tests only: the processes see committed data alone.
+    """
+    connections.close_all()
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    barrier = ctx.Barrier(len(args_per_process))
+    processes = [ctx.Process(target=_child, args=(target, args, queue, barrier)) for args in args_per_process]
+    for process in processes:
+        process.start()
+    results = []
+    errors = []
+    for _ in processes:
+        kind, value = queue.get(timeout=timeout)
+        (results if kind == "ok" else errors).append(value)
+    for process in processes:
+        process.join(timeout=30)
+    assert not errors, "a racing process failed:\n" + "\n".join(errors)
+    return results
+
+
+@pytest.fixture
+def vendor() -> str:
+    """The vendor of the default database (``sqlite``, ``mysql`` or ``postgresql``)."""
+    return connections["default"].vendor

@@ -1,0 +1,28 @@
+"""Settings of the test suite: the demo project plus test-only models.
+
+``DATABASE_URL`` picks the database (default SQLite). ``TASKLOOP_TEST_SUFFIX`` names the test
+databases so that several runs can share one server without clobbering each other.
+"""
+
+import os
+
+from testproject.settings import *  # noqa: F403
+from testproject.settings import DATABASES, INSTALLED_APPS
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
+
+SUFFIX = os.environ.get("TASKLOOP_TEST_SUFFIX", "main")
+
+_default = DATABASES["default"]
+if "sqlite" in _default["ENGINE"]:
+    # A file, not memory: the concurrency tests open it from other processes.
+    _default["TEST"] = {"NAME": f"/tmp/taskloop_test_{SUFFIX}.sqlite3"}
+    _other = {**_default, "NAME": "/tmp/unused_other.sqlite3", "TEST": {"NAME": f"/tmp/taskloop_test_{SUFFIX}_other.sqlite3"}}
+else:
+    _default["TEST"] = {"NAME": f"test_taskloop_{SUFFIX}"}
+    _other = {**_default, "TEST": {"NAME": f"test_taskloop_{SUFFIX}_other"}}
+
+# A second alias, to prove that nothing strays from the database it is routed to.
+DATABASES["other"] = _other
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
