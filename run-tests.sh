@@ -10,10 +10,13 @@ VENV="${VENV:-.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
-stamp="$VENV/.installed-$(cksum < pyproject.toml | cut -d' ' -f1)"
+extras=test
+# mysqlclient compiles against the MariaDB/MySQL client library: only when it is used.
+case "${DATABASE_URL:-}" in mysql*) extras=test,mysql ;; esac
+stamp="$VENV/.installed-$extras-$(cksum < pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e ".[dev]" ${EXTRA_PIP:-}
+  "$VENV/bin/python" -m pip install -q -e ".[$extras]"
   touch "$stamp"
 fi
 exec "$VENV/bin/python" -m pytest "$@"

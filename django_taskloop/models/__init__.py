@@ -1,6 +1,13 @@
 """Models of django-taskloop: the abstract ``TaskLoop`` and ``Lockable``, and the concrete
 ``JobBoard``/``Job`` and ``Tube``/``Task``."""
 
-from .lockable import Lockable, LockableManager, LockableQuerySet
+from .boards import *  # noqa: F403
+from .boards import __all__ as _boards
+from .lockable import *  # noqa: F403
+from .lockable import __all__ as _lockable
+from .loops import *  # noqa: F403
+from .loops import __all__ as _loops
+from .tubes import *  # noqa: F403
+from .tubes import __all__ as _tubes
 
-__all__ = ["Lockable", "LockableManager", "LockableQuerySet"]
+__all__ = [*_lockable, *_loops, *_boards, *_tubes]

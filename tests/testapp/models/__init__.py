@@ -1,5 +1,8 @@
 """Test-only models, one module per facade."""
 
-from .lockable import Ticket
+from .lockable import *  # noqa: F403
+from .lockable import __all__ as _lockable
+from .loops import *  # noqa: F403
+from .loops import __all__ as _loops
 
-__all__ = ["Ticket"]
+__all__ = [*_lockable, *_loops]

@@ -2,6 +2,8 @@ from django.db import models
 
 from django_taskloop.models import Lockable
 
+__all__ = ["Ticket"]
+
 
 class Ticket(Lockable):
     """A row users claim; ``queue`` and ``rank`` exercise filtered and ordered claims."""

@@ -1,0 +1,3 @@
+"""Placeholder: filled in by the boards facade."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""Placeholder: filled in by the loops facade."""
+
+__all__: list[str] = []

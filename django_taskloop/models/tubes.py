@@ -1,0 +1,3 @@
+"""Placeholder: filled in by the tubes facade."""
+
+__all__: list[str] = []

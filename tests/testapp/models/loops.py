@@ -1,0 +1,3 @@
+"""Test-only loop models."""
+
+__all__: list[str] = []
