@@ -1,0 +1,3 @@
+"""Placeholder: filled in by the workers/Tasks-backend developer."""
+
+__all__: list[str] = []
