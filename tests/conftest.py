@@ -49,3 +49,23 @@ def race(target: Callable[..., Any], args_per_process: Sequence[Sequence[Any]], 
 def vendor() -> str:
     """The vendor of the default database (``sqlite``, ``mysql`` or ``postgresql``)."""
     return connections["default"].vendor
+
+
+def pytest_configure(config: Any) -> None:
+    """Refuse to run on another database than the one CI asked for (no silent skips)."""
+    import os
+
+    expected = os.environ.get("TASKLOOP_EXPECT_VENDOR")
+    if expected:
+        from django.conf import settings
+
+        engine = settings.DATABASES["default"]["ENGINE"]
+        actual = {"sqlite3": "sqlite", "mysql": "mysql", "postgresql": "postgresql"}.get(engine.rsplit(".", 1)[-1])
+        if actual != expected:
+            raise pytest.UsageError(f"TASKLOOP_EXPECT_VENDOR={expected} but DATABASE_URL gives {engine}")
+
+
+def pytest_report_header(config: Any) -> str:
+    from django.conf import settings
+
+    return f"django-taskloop: database engine {settings.DATABASES['default']['ENGINE']}"

@@ -154,3 +154,35 @@ def test_eight_processes_claim_every_row_exactly_once():
     assert len(set(everything)) == 5000
     assert Ticket.objects.filter(queue="done").count() == 5000
     connections.close_all()
+
+
+def test_claim_candidates_read_an_index_in_order():
+    from django.db.models import Q
+
+    from django_taskloop.engine import DbNow
+    from tests.explain import assert_ordered_by_index
+
+    Ticket.objects.bulk_create([Ticket(queue="ab"[i % 2], rank=i) for i in range(20000)], batch_size=2000)
+    claimable = Q(locked_by__isnull=True) | Q(lock_expires_at__lte=DbNow()) | Q(locked_by="x")
+    # The default order (primary key) and a user's filtered order (an index on queue, rank).
+    assert_ordered_by_index(Ticket.objects.filter(claimable).order_by("pk").values_list("pk")[:14])
+    assert_ordered_by_index(
+        Ticket.objects.filter(queue="a").filter(claimable).order_by("queue", "rank", "pk").values_list("pk")[:14]
+    )
+    # release_expired finds expired locks through the lock_expires_at index.
+    text = Ticket.objects.filter(lock_expires_at__lte=DbNow()).explain()
+    assert "lock_expires_at" in text or "lock_exp" in text, text
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_claims_stay_on_the_routed_database():
+    from django.test.utils import CaptureQueriesContext
+
+    Ticket.objects.using("other").bulk_create([Ticket(rank=i) for i in range(5)])
+    with CaptureQueriesContext(connections["default"]) as on_default:
+        got = Ticket.objects.using("other").claim("ed", 3)
+        assert Ticket.objects.using("other").release_expired() == 0
+        assert Ticket.objects.db_manager("other").release("ed") == 3
+    assert len(got) == 3
+    assert len(on_default) == 0
+    assert Ticket.objects.count() == 0
