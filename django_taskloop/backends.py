@@ -1,0 +1,230 @@
+"""A Django Tasks backend whose tasks wait in tubes and run in ``manage.py workers``.
+
+    TASKS = {"default": {"BACKEND": "django_taskloop.backends.TaskloopBackend", "QUEUES": ["default"]}}
+
+Each queue name is a ``fifottl`` tube named ``tasks.<queue_name>`` (created on first use);
+Django's priority orders the tube (``pri = 100 - priority``: higher runs sooner) and
+``run_after`` becomes the put's ``delay``, measured on the database's clock. The result lives
+in a :class:`~django_taskloop.models.TaskRecord` row. Works with Django 6's ``django.tasks``
+and with the ``django-tasks`` backport (``django_tasks``) on Django 5.2.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from traceback import format_exception
+from typing import TYPE_CHECKING, Any
+
+from django.db import router, transaction
+from django.utils.module_loading import import_string
+
+try:  # Django 6.0+
+    from django.tasks import TaskResult, TaskResultStatus, task_backends
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import TaskContext, TaskError
+    from django.tasks.exceptions import TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.json import normalize_json
+except ImportError:  # Django 5.2 with the django-tasks backport
+    try:
+        from django_tasks import TaskResult, TaskResultStatus, task_backends  # type: ignore[no-redef]
+        from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
+        from django_tasks.base import TaskContext, TaskError  # type: ignore[no-redef]
+        from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
+        from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
+        from django_tasks.utils import normalize_json  # type: ignore[no-redef]
+    except ImportError:
+        BaseTaskBackend = None  # type: ignore[assignment,misc]
+
+if TYPE_CHECKING:
+    from .workers import Handler
+
+__all__ = ["TaskloopBackend", "TUBE_PREFIX", "tube_name", "task_handlers"]
+
+logger = logging.getLogger("django_taskloop.tasks")
+
+#: Tubes that hold Django Tasks are named ``TUBE_PREFIX + queue_name``.
+TUBE_PREFIX = "tasks."
+
+
+def tube_name(queue_name: str) -> str:
+    """Return the name of the tube that holds the tasks of ``queue_name``."""
+    return f"{TUBE_PREFIX}{queue_name}"
+
+
+if BaseTaskBackend is not None:
+
+    class TaskloopBackend(BaseTaskBackend):  # type: ignore[valid-type,misc]
+        """Enqueue Django Tasks into tubes; ``manage.py workers`` runs them."""
+
+        supports_defer = True
+        supports_async_task = True
+        supports_get_result = True
+        supports_priority = True
+
+        def validate_task(self, task: Any) -> None:
+            super().validate_task(task)
+            # The queue name becomes part of a tube name: check it here, at definition time.
+            from .workers import _check_name
+
+            _check_name(tube_name(task.queue_name), "queue_name")
+
+        def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+            """Store the call, put it in its queue's tube, and return its ``TaskResult``."""
+            from . import engine
+            from .models import TaskRecord, Tube
+
+            self.validate_task(task)
+            using = router.db_for_write(TaskRecord)
+            record = TaskRecord(
+                backend=self.alias,
+                queue_name=task.queue_name,
+                task_path=task.module_path,
+                priority=task.priority,
+                run_after=task.run_after,
+                takes_context=task.takes_context,
+                args=normalize_json(list(args)),
+                kwargs=normalize_json(dict(kwargs)),
+            )
+            with transaction.atomic(using=using):
+                record.enqueued_at = engine.db_now(using)
+                record.save(using=using, force_insert=True)
+                delay = None
+                if task.run_after is not None:
+                    delay = max(0.0, (task.run_after - record.enqueued_at).total_seconds())
+                tube = Tube.objects.db_manager(using).create_tube(
+                    tube_name(task.queue_name), "fifottl", if_not_exists=True
+                )
+                tube.put({"result": record.id}, pri=100 - task.priority, delay=delay or None)
+            result = self._to_result(record, task)
+            transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=using)
+            return result
+
+        def get_result(self, result_id: str) -> Any:
+            """Return the ``TaskResult`` of ``result_id`` as it is now."""
+            from .models import TaskRecord
+
+            try:
+                record = TaskRecord.objects.get(pk=result_id, backend=self.alias)
+            except (TaskRecord.DoesNotExist, ValueError, TypeError):
+                raise TaskResultDoesNotExist(result_id) from None
+            return self._to_result(record)
+
+        def _to_result(self, record: Any, task: Any = None) -> Any:
+            if task is None:
+                task = import_string(record.task_path)
+                task = task.using(priority=record.priority, queue_name=record.queue_name, backend=self.alias)
+                if record.run_after is not None:
+                    task = task.using(run_after=record.run_after)
+            result = TaskResult(
+                task=task,
+                id=record.id,
+                status=TaskResultStatus[record.status],
+                enqueued_at=record.enqueued_at,
+                started_at=record.started_at,
+                finished_at=record.finished_at,
+                last_attempted_at=record.last_attempted_at,
+                args=record.args,
+                kwargs=record.kwargs,
+                backend=self.alias,
+                errors=[TaskError(**error) for error in record.errors],
+                worker_ids=list(record.worker_ids),
+            )
+            object.__setattr__(result, "_return_value", record.return_value)
+            return result
+
+        def execute(self, result_id: str, worker_id: str) -> None:
+            """Run the task ``result_id`` and record how it ended (called by the worker)."""
+            from . import engine
+            from .models import TaskRecord, TaskRecordStatus
+
+            using = router.db_for_write(TaskRecord)
+            manager = TaskRecord.objects.db_manager(using)
+
+            def start() -> Any:
+                record = manager.select_for_update().filter(pk=result_id).first()
+                if record is None or record.status in (TaskRecordStatus.SUCCESSFUL, TaskRecordStatus.FAILED):
+                    # Finished already: the worker that ran it died before acknowledging.
+                    return None
+                now = engine.db_now(using)
+                record.status = TaskRecordStatus.RUNNING
+                record.started_at = record.started_at or now
+                record.last_attempted_at = now
+                record.worker_ids = [*record.worker_ids, worker_id]
+                record.save(update_fields=["status", "started_at", "last_attempted_at", "worker_ids"])
+                return record
+
+            record = engine.run_in_transaction(TaskRecord, using, start)
+            if record is None:
+                return
+            result = self._to_result(record)
+            task_started.send(type(self), task_result=result)
+            errors = list(record.errors)
+            try:
+                if result.task.takes_context:
+                    value = result.task.call(TaskContext(task_result=result), *record.args, **record.kwargs)
+                else:
+                    value = result.task.call(*record.args, **record.kwargs)
+                value = normalize_json(value)
+                status = TaskRecordStatus.SUCCESSFUL
+            except Exception as error:
+                # Django Tasks do not retry: a failure is the task's final state.
+                value = None
+                status = TaskRecordStatus.FAILED
+                kind = type(error)
+                errors.append(
+                    {
+                        "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
+                        "traceback": "".join(format_exception(error)),
+                    }
+                )
+            manager.filter(pk=result_id).update(
+                status=status, return_value=value, errors=errors, finished_at=engine.DbNow()
+            )
+            record.refresh_from_db()
+            task_finished.send(type(self), task_result=self._to_result(record))
+
+else:  # pragma: no cover - neither django.tasks nor the backport is installed
+    TaskloopBackend = None  # type: ignore[assignment,misc]
+
+
+def task_handlers() -> list[Handler]:
+    """Return a tube handler for every queue of every ``TaskloopBackend`` in ``TASKS``."""
+    if TaskloopBackend is None:
+        return []
+    from .workers import Handler
+
+    handlers = []
+    for alias in task_backends.settings:
+        backend = task_backends[alias]
+        if not isinstance(backend, TaskloopBackend):
+            continue
+        for queue in sorted(backend.queues):
+            name = tube_name(queue)
+            handlers.append(
+                Handler(
+                    "tube",
+                    name,
+                    _run_stored,
+                    name,
+                    batch=20,
+                    lease=60,
+                    create={"type": "fifottl"},
+                    builtin=True,
+                )
+            )
+    return handlers
+
+
+def _run_stored(task: Any) -> None:
+    """Run the Django Task a tube task points at (the tube handler of the backend's queues)."""
+    from .models import TaskRecord
+
+    result_id = task.data["result"]
+    record = TaskRecord.objects.filter(pk=result_id).only("backend").first()
+    if record is None:
+        logger.warning("Django task %s has no record any more: dropped", result_id)
+        return
+    task_backends[record.backend].execute(result_id, f"{socket.gethostname()}:{os.getpid()}")

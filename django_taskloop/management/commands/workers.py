@@ -1,0 +1,45 @@
+"""``manage.py workers``: run the registered loop, board and tube handlers."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_taskloop.workers.runner import run_workers
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the handlers registered with @loop, @tube and @board in installed apps' taskloop.py "
+        "(and the queues of the Django Tasks backend). SIGTERM/SIGINT once: finish and stop; twice: stop now."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--processes", type=int, default=1, help="Worker processes to run (default 1).")
+        parser.add_argument(
+            "--only",
+            action="append",
+            metavar="NAME",
+            help="Run only this handler (a tube's or board's name, a loop's model label); repeatable.",
+        )
+        parser.add_argument("--burst", action="store_true", help="Drain the work that is ready, then exit.")
+
+    def handle(self, *args: Any, processes: int, only: list[str] | None, burst: bool, **options: Any) -> None:
+        if processes < 1:
+            raise CommandError("--processes must be at least 1")
+        log = logging.getLogger("django_taskloop")
+        if not log.hasHandlers():
+            # Nobody configured logging: say what happens on stderr anyway.
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            log.addHandler(handler)
+            log.setLevel(logging.INFO if options["verbosity"] < 2 else logging.DEBUG)
+        try:
+            status = run_workers(only, processes=processes, burst=burst)
+        except ValueError as error:
+            raise CommandError(str(error))
+        if status:
+            sys.exit(status)

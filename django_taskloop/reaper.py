@@ -1,0 +1,93 @@
+"""Upkeep of every loop, board and tube: ``reap()``, run by ``reap_locks`` and by workers.
+
+Nothing here is needed for correctness (every facade already reads a passed deadline as
+passed, on the next call of any kind); reaping tidies the columns up, applies the tubes' time
+transitions for observers that only read rows (the admin), returns a dead consumer's tasks and
+prunes history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.apps import apps
+from django.db import router
+
+from . import engine
+from .conf import setting
+
+__all__ = ["reap", "format_report"]
+
+
+def _loop_models() -> list[Any]:
+    from .models import TaskLoop
+
+    return [m for m in apps.get_models() if issubclass(m, TaskLoop) and not m._meta.abstract]
+
+
+def _aliases(model: Any, using: str | None) -> Iterable[str]:
+    return [using] if using else [router.db_for_write(model)]
+
+
+def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
+    """Reap expired claims, dead consumers' tasks and old history; return what was done.
+
+    The report is ``{"loops": {label: counts}, "boards": {name: counts}, "tubes": {name: counts},
+    "results": {"django-tasks": counts}}``. ``using`` picks a database alias; by default each
+    model's routed alias for writes.
+    """
+    from .models import Job, JobBoard, TaskRecord, TaskRecordStatus, Tube
+
+    report: dict[str, dict[str, dict[str, int]]] = {"loops": {}, "boards": {}, "tubes": {}, "results": {}}
+
+    for model in _loop_models():
+        for alias in _aliases(model, using):
+            # Expired loop locks are reported, not cleared. doloop ranks ids whose lock_until
+            # has passed FIRST ("expired/bumped locks first"): that is how a crashed worker's
+            # ids and bumped ids jump the queue. Nulling lock_until would demote them behind
+            # every never-updated id, and would erase bumps. They are already claimable.
+            expired = model.objects.db_manager(alias).filter(lock_until__lte=engine.DbNow()).count()
+            report["loops"][model._meta.label_lower] = {"expired_locks": expired}
+
+    for alias in _aliases(JobBoard, using):
+        jobs = Job.objects.db_manager(alias)
+        for board in JobBoard.objects.db_manager(alias).order_by("name"):
+            report["boards"][board.name] = {"expired_claims": jobs.filter(board=board).reap_expired()}
+        pruned = jobs.all().prune_history()
+        if pruned or report["boards"]:
+            report["boards"].setdefault("(history)", {})["pruned"] = pruned
+
+    for alias in _aliases(Tube, using):
+        tubes = Tube.objects.db_manager(alias)
+        reap_tubes = getattr(tubes, "reap", None)
+        if reap_tubes is not None:
+            for name, counts in sorted((reap_tubes() or {}).items()):
+                report["tubes"][name] = dict(counts)
+        else:
+            # Without a reap verb, reading the statistics applies the time transitions.
+            for name in sorted(tubes.statistics()):
+                report["tubes"][name] = {}
+
+    for alias in _aliases(TaskRecord, using):
+        retention = float(setting("RESULT_RETENTION"))
+        old = TaskRecord.objects.db_manager(alias).filter(
+            status__in=[TaskRecordStatus.SUCCESSFUL, TaskRecordStatus.FAILED],
+            finished_at__lte=engine.DbNow(-retention),
+        )
+        report["results"]["django-tasks"] = {"pruned": old.delete()[0]}
+    return report
+
+
+def format_report(report: dict[str, dict[str, dict[str, int]]]) -> list[str]:
+    """Return one line per loop, board and tube of a :func:`reap` report."""
+    lines = []
+    singular = {"loops": "loop", "boards": "board", "tubes": "tube", "results": "results"}
+    for section, entries in report.items():
+        for name, counts in entries.items():
+            said = (
+                ", ".join(f"{key.replace('_', ' ')} {value}" for key, value in counts.items())
+                or "nothing to do"
+            )
+            lines.append(f"{singular[section]} {name}: {said}")
+    return lines

@@ -1,0 +1,189 @@
+"""Handlers that ``manage.py workers`` runs: ``@loop``, ``@tube`` and ``@board``.
+
+Register handlers in an installed app's ``taskloop.py`` (found like ``admin.py``)::
+
+    from django_taskloop.workers import board, loop, tube
+
+    @loop(SiteLoop, batch=100, lock_for=600)
+    def crawl(site_id):
+        ...
+
+    @tube("emails")
+    def send(task):          # a django_taskloop.models.Task; the payload is task.data
+        ...
+
+    @board("builds")
+    def build(job):          # a django_taskloop.models.Job
+        ...
+
+A handler that returns normally has done its work (the loop id is marked done, the tube task
+acknowledged, the job consumed). A handler that raises is retried later with a growing delay;
+tube tasks are buried and jobs trashed after ``TASKLOOP["MAX_ATTEMPTS"]`` attempts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.utils.module_loading import autodiscover_modules
+
+from ..validation import check_count, check_seconds
+
+__all__ = ["Handler", "loop", "tube", "board", "autodiscover", "registry", "get_handlers"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+
+
+@dataclass
+class Handler:
+    """One registered handler: what it serves (``kind`` and ``target``) and how."""
+
+    #: ``"loop"``, ``"tube"`` or ``"board"``.
+    kind: str
+    #: The name ``--only`` selects it by (the tube's/board's name, the loop's model label).
+    name: str
+    func: Callable[[Any], Any]
+    #: The loop's model class, or the tube's/board's name.
+    target: Any
+    #: Most items claimed at once.
+    batch: int = 100
+    #: Lease taken on each item: the loop's ``lock_for``, the job claim's expiry, the
+    #: increment used to touch ttl tubes' tasks.
+    lease: float = 600.0
+    #: Loops only: seconds before a done id comes round again (doloop's ``min_loop_time``).
+    min_loop_time: float = 3600.0
+    #: Keyword arguments for ``create_tube``/``create_board`` when the worker creates it.
+    create: dict[str, Any] = field(default_factory=dict)
+    #: Whether the handler is internal (the Django Tasks backend's queues).
+    builtin: bool = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The decorated name stays callable as the plain function.
+        return self.func(*args, **kwargs)
+
+
+#: Every handler registered so far, by name.
+registry: dict[str, Handler] = {}
+
+
+def _register(handler: Handler) -> Handler:
+    existing = registry.get(handler.name)
+    if existing is not None and existing.func is not handler.func:
+        ref = f"{existing.func.__module__}.{existing.func.__qualname__}"
+        raise ValueError(f"a handler named {handler.name!r} is already registered ({ref})")
+    registry[handler.name] = handler
+    return handler
+
+
+def _check_name(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if not _NAME.match(value):
+        raise ValueError(f"{name} must be 1-100 letters, digits, '_', '-' or '.', not {value!r}")
+    return value
+
+
+def loop(
+    model: Any,
+    *,
+    batch: int = 100,
+    lock_for: float = 600,
+    min_loop_time: float = 3600,
+    name: str | None = None,
+) -> Callable[[Callable[[Any], Any]], Handler]:
+    """Register the decorated function to be called with each id claimed from ``model``'s loop.
+
+    Ids are claimed ``batch`` at a time and locked for ``lock_for`` seconds (renewed while the
+    handler runs); each id the handler returns from is marked done.
+    """
+    from ..models import TaskLoop
+
+    if not (isinstance(model, type) and issubclass(model, TaskLoop) and not model._meta.abstract):
+        raise TypeError(f"model must be a concrete TaskLoop subclass, not {model!r}")
+    batch = check_count(batch, "batch", minimum=1)
+    lock_for = check_seconds(lock_for, "lock_for", positive=True)
+    min_loop_time = check_seconds(min_loop_time, "min_loop_time", non_negative=True)
+    label = _check_name(name, "name") if name is not None else model._meta.label_lower
+
+    def decorate(func: Callable[[Any], Any]) -> Handler:
+        return _register(
+            Handler("loop", label, func, model, batch=batch, lease=lock_for, min_loop_time=min_loop_time)
+        )
+
+    return decorate
+
+
+def tube(
+    name: str,
+    *,
+    batch: int = 100,
+    type: str = "fifottl",  # noqa: A002  (the spelling of create_tube's argument)
+    ttl: float | None = None,
+    ttr: float | None = None,
+    touch: float = 60,
+) -> Callable[[Callable[[Any], Any]], Handler]:
+    """Register the decorated function to be called with each task taken from tube ``name``.
+
+    The tube is created (``type``, ``ttl``, ``ttr``) when the worker starts if it does not
+    exist; the default type, ``fifottl``, is the one whose ``release(delay=…)`` lets a failed
+    task wait before its retry. ``touch`` is how far each heartbeat pushes a taken task's ttr/ttl deadline on the
+    ttl tube types.
+    """
+    name = _check_name(name, "name")
+    batch = check_count(batch, "batch", minimum=1)
+    if type not in ("fifo", "fifottl", "utube", "utubettl"):
+        raise ValueError(f"type must be 'fifo', 'fifottl', 'utube' or 'utubettl', not {type!r}")
+    ttl = check_seconds(ttl, "ttl", allow_none=True, positive=True)
+    ttr = check_seconds(ttr, "ttr", allow_none=True, positive=True)
+    touch = check_seconds(touch, "touch", positive=True)
+    create: dict[str, Any] = {"type": type}
+    if ttl is not None:
+        create["ttl"] = ttl
+    if ttr is not None:
+        create["ttr"] = ttr
+
+    def decorate(func: Callable[[Any], Any]) -> Handler:
+        return _register(Handler("tube", name, func, name, batch=batch, lease=touch, create=create))
+
+    return decorate
+
+
+def board(name: str, *, expiry: float = 600) -> Callable[[Callable[[Any], Any]], Handler]:
+    """Register the decorated function to be called with each job claimed from board ``name``.
+
+    Each claim expires after ``expiry`` seconds unless renewed; the worker renews it while the
+    handler runs. The board is created when the worker starts if it does not exist.
+    """
+    name = _check_name(name, "name")
+    expiry = check_seconds(expiry, "expiry", positive=True)
+
+    def decorate(func: Callable[[Any], Any]) -> Handler:
+        return _register(Handler("board", name, func, name, batch=1, lease=expiry))
+
+    return decorate
+
+
+def autodiscover() -> None:
+    """Import the ``taskloop`` module of every installed app, registering its handlers."""
+    autodiscover_modules("taskloop")
+
+
+def get_handlers(only: Iterable[str] | None = None) -> list[Handler]:
+    """Return the handlers to run: every registered one (and the Tasks backend's queues), or
+    those named in ``only``; an unknown name raises ``ValueError``."""
+    autodiscover()
+    from ..backends import task_handlers
+
+    handlers = dict(registry)
+    for handler in task_handlers():
+        handlers.setdefault(handler.name, handler)
+    if only:
+        wanted = list(dict.fromkeys(only))
+        unknown = [name for name in wanted if name not in handlers]
+        if unknown:
+            raise ValueError(f"unknown handler(s) {unknown}; known: {sorted(handlers)}")
+        return [handlers[name] for name in wanted]
+    return list(handlers.values())

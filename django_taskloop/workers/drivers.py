@@ -1,0 +1,259 @@
+"""How a worker claims, finishes, retries, gives back and renews the work of each facade.
+
+A driver speaks one facade's public API (loops, job boards, tubes) so that the worker loop in
+:mod:`.runner` is the same for all three.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ..conf import setting
+from ..exceptions import NotFound, NotTaken, TaskloopError
+from . import Handler
+
+__all__ = ["Driver", "LoopDriver", "TubeDriver", "BoardDriver", "make_driver", "backoff"]
+
+
+def backoff(attempt: int) -> float:
+    """Return the retry delay after the ``attempt``-th failure (1-based): exponential, capped."""
+    base = float(setting("RETRY_BACKOFF"))
+    return min(base * 2 ** max(0, attempt - 1), float(setting("RETRY_BACKOFF_MAX")))
+
+
+class Driver:
+    """The verbs the worker loop needs from one handler's facade."""
+
+    def __init__(self, handler: Handler, identity: str) -> None:
+        self.handler = handler
+        self.identity = identity
+        # Failures seen by this process, for facades that keep no attempt count.
+        self._failures: dict[Any, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def beat_every(self) -> float:
+        """Seconds between heartbeats: often enough that no lease lapses while a handler runs."""
+        return min(float(setting("HEARTBEAT_INTERVAL")), self.handler.lease / 3)
+
+    def prepare(self) -> None:
+        """Create what the handler serves if it does not exist yet."""
+
+    def claim(self, limit: int) -> list[Any]:
+        raise NotImplementedError
+
+    def key(self, item: Any) -> Any:
+        return item
+
+    def call(self, item: Any) -> Any:
+        return self.handler.func(item)
+
+    def done(self, items: Sequence[Any]) -> None:
+        raise NotImplementedError
+
+    def failed(self, item: Any, error: BaseException) -> str:
+        """Deal with a handler failure on ``item``; return what was done (for the log)."""
+        raise NotImplementedError
+
+    def give_back(self, items: Sequence[Any]) -> None:
+        raise NotImplementedError
+
+    def renew(self, items: Sequence[Any]) -> None:
+        """Extend the leases of ``items`` while the handler works on them."""
+
+    def beat(self) -> None:
+        """Record that this worker is alive."""
+
+    def _count_failure(self, key: Any) -> int:
+        with self._lock:
+            self._failures[key] = self._failures.get(key, 0) + 1
+            return self._failures[key]
+
+    def _forget(self, keys: Sequence[Any]) -> None:
+        with self._lock:
+            for key in keys:
+                self._failures.pop(key, None)
+
+
+class LoopDriver(Driver):
+    """doloop: ``claim(batch)``, ``did`` on success, back off on failure, ``unlock`` to give back."""
+
+    def __init__(self, handler: Handler, identity: str) -> None:
+        super().__init__(handler, identity)
+        self.model = handler.target
+
+    def claim(self, limit: int) -> list[Any]:
+        return self.model.objects.claim(
+            limit, lock_for=self.handler.lease, min_loop_time=self.handler.min_loop_time
+        )
+
+    def done(self, items: Sequence[Any]) -> None:
+        # auto_add=False: an id removed from the loop while we worked stays removed.
+        self.model.objects.did(list(items), auto_add=False)
+        self._forget(items)
+
+    def failed(self, item: Any, error: BaseException) -> str:
+        # Loops have no attempt count and never give up on an id (the loop is the list of
+        # work), so the id stays locked for a growing delay and then comes back by itself:
+        # bump() only ever lowers lock_until, which the claim set to now + lock_for.
+        delay = min(backoff(self._count_failure(item)), self.handler.lease)
+        self.model.objects.bump(item, lock_for=delay, auto_add=False)
+        return f"retry in {delay:g}s"
+
+    def give_back(self, items: Sequence[Any]) -> None:
+        if items:
+            self.model.objects.unlock(list(items), auto_add=False)
+
+    def renew(self, items: Sequence[Any]) -> None:
+        if not items:
+            return
+        from ..engine import DbNow
+
+        # doloop has no renew verb; a claim is "lock_until = now + lock_for", so renewing is
+        # writing it again on the ids this worker still holds (ids unlocked meanwhile, by
+        # did() or unlock(), have lock_until NULL and stay untouched).
+        self.model.objects.filter(pk__in=list(items), lock_until__isnull=False).update(
+            lock_until=DbNow(self.handler.lease)
+        )
+
+
+class TubeDriver(Driver):
+    """Tarantool queue: ``take_many``/``ack_many``, release with delay then bury, ``touch``."""
+
+    def __init__(self, handler: Handler, identity: str) -> None:
+        super().__init__(handler, identity)
+        self.tube: Any = None
+
+    @property
+    def beat_every(self) -> float:
+        every = float(setting("HEARTBEAT_INTERVAL"))
+        ttr = getattr(self.tube, "ttr", None) or getattr(self.tube, "ttl", None)
+        if ttr:
+            every = min(every, float(ttr) / 3)
+        # Consumers are declared dead after CONSUMER_TIMEOUT without a heartbeat.
+        return max(0.05, min(every, float(setting("CONSUMER_TIMEOUT")) / 3))
+
+    def prepare(self) -> None:
+        from ..models import Tube
+
+        self.tube = Tube.objects.create_tube(self.handler.target, if_not_exists=True, **self.handler.create)
+
+    def _ttl_type(self) -> bool:
+        return str(self.tube.type).endswith("ttl")
+
+    def claim(self, limit: int) -> list[Any]:
+        if limit > 1 and hasattr(self.tube, "take_many"):
+            return list(self.tube.take_many(limit, consumer=self.identity))
+        task = self.tube.take(0, consumer=self.identity)
+        return [task] if task is not None else []
+
+    def key(self, item: Any) -> Any:
+        return item.id
+
+    def done(self, items: Sequence[Any]) -> None:
+        ids = [task.id for task in items]
+        if hasattr(self.tube, "ack_many"):
+            self.tube.ack_many(ids, consumer=self.identity)
+        else:
+            for task_id in ids:
+                self.tube.ack(task_id, consumer=self.identity)
+        self._forget(ids)
+
+    def failed(self, item: Any, error: BaseException) -> str:
+        attempts = getattr(item, "attempts", None)
+        if not attempts:
+            attempts = self._count_failure(item.id)
+        if attempts >= int(setting("MAX_ATTEMPTS")):
+            # bury needs no ownership; the task keeps its data for kick() after a fix.
+            self.tube.bury(item.id)
+            self._forget([item.id])
+            return f"buried after {attempts} attempts"
+        delay = backoff(attempts)
+        self.tube.release(item.id, delay=delay, consumer=self.identity)
+        return f"retry in {delay:g}s (attempt {attempts})"
+
+    def give_back(self, items: Sequence[Any]) -> None:
+        for task in items:
+            try:
+                self.tube.release(task.id, consumer=self.identity)
+            except (NotTaken, NotFound):
+                pass  # its ttr ran out meanwhile, or someone deleted it: not ours to give
+
+    def renew(self, items: Sequence[Any]) -> None:
+        # Only the ttl types have a ttr deadline to push; fifo/utube tasks stay taken as long
+        # as their consumer beats (touch there is a TubeError).
+        if not self._ttl_type():
+            return
+        for task in items:
+            try:
+                self.tube.touch(task.id, self.handler.lease, consumer=self.identity)
+            except (NotTaken, NotFound):
+                pass  # acked or released by the main thread a moment ago
+
+    def beat(self) -> None:
+        from ..models import Tube
+
+        heartbeat = getattr(Tube.objects, "heartbeat", None)
+        if heartbeat is not None:
+            heartbeat(self.identity)
+
+
+class BoardDriver(Driver):
+    """TaskFlow job boards: ``claim_next``, ``consume``, retry after a delay then ``trash``."""
+
+    def __init__(self, handler: Handler, identity: str) -> None:
+        super().__init__(handler, identity)
+        self.board: Any = None
+        self.entity_name = identity
+
+    def prepare(self) -> None:
+        from ..models import JobBoard
+
+        self.board = JobBoard.objects.create_board(self.handler.target, if_not_exists=True)
+
+    def claim(self, limit: int) -> list[Any]:
+        job = self.board.claim_next(self.identity, expiry=self.handler.lease)
+        return [job] if job is not None else []
+
+    def key(self, item: Any) -> Any:
+        return item.uuid
+
+    def done(self, items: Sequence[Any]) -> None:
+        for job in items:
+            self.board.consume(job, self.identity)
+        self._forget([job.uuid for job in items])
+
+    def failed(self, item: Any, error: BaseException) -> str:
+        attempts = getattr(item, "attempts", None) or self._count_failure(item.uuid)
+        if attempts >= int(setting("MAX_ATTEMPTS")):
+            self.board.trash(item, self.identity)
+            self._forget([item.uuid])
+            return f"trashed after {attempts} attempts"
+        self.board.abandon(item, self.identity)
+        return f"abandoned (attempt {attempts})"
+
+    def give_back(self, items: Sequence[Any]) -> None:
+        for job in items:
+            try:
+                self.board.abandon(job, self.identity)
+            except TaskloopError:
+                pass  # the claim expired meanwhile: the job is already free
+
+    def renew(self, items: Sequence[Any]) -> None:
+        for job in items:
+            job.extend_expiry(self.handler.lease)
+
+    def beat(self) -> None:
+        self.board.register_entity(
+            "worker", self.entity_name, {"pid": os.getpid(), "host": socket.gethostname()}
+        )
+
+
+def make_driver(handler: Handler, identity: str) -> Driver:
+    """Return the driver for ``handler``'s facade."""
+    kinds = {"loop": LoopDriver, "tube": TubeDriver, "board": BoardDriver}
+    return kinds[handler.kind](handler, identity)

@@ -1,0 +1,355 @@
+"""The worker loop (one process) and the supervisor that keeps ``--processes N`` of them running.
+
+Stopping is two-stage, as in django-tasks: the first SIGTERM/SIGINT stops claiming and lets the
+work in hand finish within ``TASKLOOP["GRACE_PERIOD"]`` seconds, then gives back whatever is
+left; a second signal (or the end of the grace period) interrupts the handler and gives
+everything back at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import wait as wait_for_sentinels
+from typing import Any
+
+from django.db import connections
+
+from ..conf import setting
+from . import Handler, get_handlers
+from .drivers import Driver, make_driver
+
+__all__ = ["Worker", "run_workers"]
+
+logger = logging.getLogger("django_taskloop.workers")
+
+
+class StopNow(BaseException):
+    """Raised inside a running handler by the second signal or the end of the grace period.
+
+    A ``BaseException`` so that a handler's ``except Exception`` does not swallow it.
+    """
+
+
+@dataclass
+class Tally:
+    """What one handler did in one process, for the summary at exit."""
+
+    batches: int = 0
+    done: int = 0
+    failed: int = 0
+    given_back: int = 0
+    seconds: float = 0.0
+
+
+class Worker:
+    """Run ``handlers`` in this process until stopped (or, with ``burst``, until idle)."""
+
+    def __init__(
+        self, handlers: Sequence[Handler], *, burst: bool = False, identity: str | None = None
+    ) -> None:
+        self.identity = identity or f"{socket.gethostname()}:{os.getpid()}:worker"
+        self.drivers: list[Driver] = [make_driver(handler, self.identity) for handler in handlers]
+        self.burst = burst
+        self.tallies = {driver.handler.name: Tally() for driver in self.drivers}
+        self.stopping = False
+        self.aborting = False
+        self.in_handler = False
+        self.wake = threading.Event()
+        # Items claimed and not yet finished, by driver: what the heartbeat renews and what a
+        # stop gives back.
+        self.inflight: dict[Driver, list[Any]] = {}
+        self.inflight_lock = threading.Lock()
+        self._parent = os.getppid()
+
+    # Signals -----------------------------------------------------------------------------
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGALRM, self._on_alarm)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if not self.stopping:
+            self.stopping = True
+            self.wake.set()
+            grace = float(setting("GRACE_PERIOD"))
+            logger.info(
+                "worker %s: %s, finishing work in hand (up to %gs)",
+                self.identity,
+                signal.Signals(signum).name,
+                grace,
+            )
+            signal.setitimer(signal.ITIMER_REAL, max(grace, 0.001))
+            return
+        logger.warning(
+            "worker %s: second %s, giving everything back now", self.identity, signal.Signals(signum).name
+        )
+        self._abort()
+
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        if self.stopping:
+            logger.warning("worker %s: grace period over, giving back what is left", self.identity)
+            self._abort()
+
+    def _abort(self) -> None:
+        self.aborting = True
+        self.wake.set()
+        # Interrupt only the user's code: an exception raised in the middle of a database
+        # call could leave the connection in a state nobody can clean up.
+        if self.in_handler:
+            raise StopNow
+
+    # The loop ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Work until stopped; return the process exit status (0 when all went well)."""
+        self.install_signals()
+        for driver in self.drivers:
+            driver.prepare()
+        beating = threading.Event()
+        heart = threading.Thread(
+            target=self._heartbeat, args=(beating,), name="taskloop-heartbeat", daemon=True
+        )
+        heart.start()
+        started = time.monotonic()
+        idle = float(setting("POLL_MIN"))
+        try:
+            while not self.stopping:
+                worked = 0
+                for driver in self.drivers:
+                    if self.stopping:
+                        break
+                    worked += self.run_batch(driver)
+                if worked:
+                    idle = float(setting("POLL_MIN"))
+                    continue
+                if self.burst:
+                    break
+                if os.getppid() != self._parent:
+                    logger.warning("worker %s: supervisor gone, stopping", self.identity)
+                    break
+                # Idle: one indexed query per handler per poll, polls spaced out up to POLL_MAX.
+                self.wake.wait(idle)
+                idle = min(idle * float(setting("POLL_FACTOR")), float(setting("POLL_MAX")))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            beating.set()
+            heart.join(timeout=30)
+            self.log_summary(time.monotonic() - started)
+            connections.close_all()
+        return 0
+
+    def run_batch(self, driver: Driver) -> int:
+        """Claim one batch for ``driver``, run its handler on each item, settle; return the size."""
+        tally = self.tallies[driver.handler.name]
+        t0 = time.monotonic()
+        items = driver.claim(driver.handler.batch)
+        if not items:
+            return 0
+        t1 = time.monotonic()
+        with self.inflight_lock:
+            self.inflight[driver] = list(items)
+        succeeded: list[Any] = []
+        settled: set[Any] = set()
+        failures: list[str] = []
+        try:
+            for item in items:
+                if self.aborting:
+                    break
+                self.in_handler = True
+                try:
+                    driver.call(item)
+                except StopNow:
+                    raise
+                except Exception as error:
+                    self.in_handler = False
+                    outcome = driver.failed(item, error)
+                    settled.add(driver.key(item))
+                    failures.append(outcome)
+                    tally.failed += 1
+                    logger.warning(
+                        "%s %s %r failed (%s): %s",
+                        driver.handler.kind,
+                        driver.handler.name,
+                        driver.key(item),
+                        outcome,
+                        f"{type(error).__name__}: {error}",
+                        exc_info=logger.isEnabledFor(logging.DEBUG),
+                    )
+                else:
+                    succeeded.append(item)
+                    settled.add(driver.key(item))
+                finally:
+                    self.in_handler = False
+                with self.inflight_lock:
+                    self.inflight[driver] = [i for i in items if driver.key(i) not in settled]
+        except StopNow:
+            pass
+        finally:
+            self.in_handler = False
+            t2 = time.monotonic()
+            # Acknowledge what finished even when stopping: nothing done is run twice.
+            if succeeded:
+                driver.done(succeeded)
+            left = [item for item in items if driver.key(item) not in settled]
+            if left:
+                driver.give_back(left)
+            with self.inflight_lock:
+                self.inflight.pop(driver, None)
+            t3 = time.monotonic()
+            tally.batches += 1
+            tally.done += len(succeeded)
+            tally.given_back += len(left)
+            tally.seconds += t3 - t0
+            logger.info(
+                "%s %s: %d claimed, %d done, %d failed, %d given back; claim %.1f ms, run %.1f ms, settle %.1f ms",
+                driver.handler.kind,
+                driver.handler.name,
+                len(items),
+                len(succeeded),
+                len(failures),
+                len(left),
+                (t1 - t0) * 1000,
+                (t2 - t1) * 1000,
+                (t3 - t2) * 1000,
+            )
+        return len(items)
+
+    def _heartbeat(self, stop: threading.Event) -> None:
+        """Renew the leases of the work in hand and record that this worker is alive."""
+        every = min((driver.beat_every for driver in self.drivers), default=10.0)
+        try:
+            while True:
+                for driver in self.drivers:
+                    with self.inflight_lock:
+                        held = list(self.inflight.get(driver, ()))
+                    try:
+                        driver.renew(held)
+                        driver.beat()
+                    except Exception:
+                        # A missed beat is not fatal: the next one, or the lease, covers it.
+                        logger.exception(
+                            "heartbeat of %s %s failed", driver.handler.kind, driver.handler.name
+                        )
+                if stop.wait(every):
+                    return
+        finally:
+            connections.close_all()
+
+    def log_summary(self, elapsed: float) -> None:
+        for name, tally in self.tallies.items():
+            rate = tally.done / elapsed if elapsed > 0 else 0.0
+            logger.info(
+                "summary %s: %d done, %d failed, %d given back in %d batches; %.1f s, %.0f/s",
+                name,
+                tally.done,
+                tally.failed,
+                tally.given_back,
+                tally.batches,
+                elapsed,
+                rate,
+            )
+
+
+def _child(names: list[str], burst: bool) -> None:
+    # Own process group: a Ctrl-C in the terminal reaches the supervisor alone, which passes
+    # it on once; otherwise every child would see it twice and stop at once.
+    os.setpgrp()
+    connections.close_all()
+    handlers = get_handlers(names)
+    sys.exit(Worker(handlers, burst=burst).run())
+
+
+def run_workers(only: Sequence[str] | None = None, *, processes: int = 1, burst: bool = False) -> int:
+    """Run the handlers (all, or those named in ``only``) in ``processes`` worker processes.
+
+    With one process the worker runs in this one. With more, this process supervises: it
+    restarts a child that dies (``kill -9``, a crash) and passes signals on to the children.
+    Return the exit status.
+    """
+    handlers = get_handlers(only)
+    if not handlers:
+        logger.warning("no handlers registered: nothing to do")
+        return 0
+    logger.info(
+        "starting %d worker process(es)%s for: %s",
+        processes,
+        " (burst)" if burst else "",
+        ", ".join(f"{h.kind} {h.name}" for h in handlers),
+    )
+    if processes == 1:
+        return Worker(handlers, burst=burst).run()
+    # Create tubes and boards once, here, rather than racing to create them in every child.
+    for handler in handlers:
+        make_driver(handler, "supervisor").prepare()
+    return Supervisor([h.name for h in handlers], processes, burst).run()
+
+
+class Supervisor:
+    """Keep ``processes`` worker processes running; restart the ones that die."""
+
+    def __init__(self, names: list[str], processes: int, burst: bool) -> None:
+        self.names = names
+        self.processes = processes
+        self.burst = burst
+        self.signals = 0
+        self.context = multiprocessing.get_context("fork")
+        self.children: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signals += 1
+        for process in list(self.children.values()):
+            if process.pid and process.is_alive():
+                try:
+                    os.kill(process.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def _start(self, slot: int) -> None:
+        # Children must not share the parent's database connections.
+        connections.close_all()
+        process = self.context.Process(
+            target=_child, args=(self.names, self.burst), name=f"taskloop-worker-{slot}"
+        )
+        process.start()
+        self.children[slot] = process
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        for slot in range(self.processes):
+            self._start(slot)
+        status = 0
+        restarts: dict[int, float] = {}
+        while self.children:
+            wait_for_sentinels([p.sentinel for p in self.children.values()], timeout=1.0)
+            for slot, process in list(self.children.items()):
+                if process.is_alive():
+                    continue
+                process.join()
+                code = process.exitcode
+                del self.children[slot]
+                if self.signals or (self.burst and code == 0):
+                    if code:
+                        status = 1
+                    continue
+                logger.error(
+                    "worker process %s (pid %s) died with status %s; restarting it", slot, process.pid, code
+                )
+                # A child that dies at once again and again would spin: slow the restarts down.
+                last = restarts.get(slot, 0.0)
+                if time.monotonic() - last < 1.0:
+                    time.sleep(1.0)
+                restarts[slot] = time.monotonic()
+                self._start(slot)
+        logger.info("all worker processes stopped")
+        return status
