@@ -1,0 +1,142 @@
+"""What every django-taskloop admin shares: the database clock, fast pagination, safe actions."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Model
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from ..engine import db_now
+from ..exceptions import TaskloopError
+from .paginator import EstimatedCountPaginator
+
+_NOW: ContextVar[dt.datetime | None] = ContextVar("taskloop_admin_now", default=None)
+
+__all__ = ["TaskloopAdminMixin", "humanize_seconds", "seconds_between", "state_badge", "until_cell"]
+
+
+def seconds_between(later: dt.datetime | None, earlier: dt.datetime | None) -> float | None:
+    """Return ``later - earlier`` in seconds, or ``None`` if either is missing."""
+    if later is None or earlier is None:
+        return None
+    return (later - earlier).total_seconds()
+
+
+def humanize_seconds(seconds: float | None) -> str:
+    """Return a short duration such as ``2d 3h``, ``4m 05s`` or ``0.3s`` (absolute value)."""
+    if seconds is None:
+        return "—"
+    seconds = abs(seconds)
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+class TaskloopAdminMixin:
+    """Mix into a ``ModelAdmin`` of a queue-like model.
+
+    - Counts never scan a whole table (:class:`EstimatedCountPaginator`, no full count).
+    - "now" is the database's clock, read once per request, so that "locked for 3m" agrees
+      with what workers see whatever the web server's clock says.
+    - Actions go through the facade API; the facade's refusals become error messages.
+    - Django's bulk "delete selected" is removed: deleting rows behind the facade's back
+      would skip its bookkeeping (counters, signals); each admin offers the facade's verb.
+    """
+
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    list_per_page = 50
+    change_list_template = "admin/django_taskloop/change_list.html"
+
+    def db_now(self, request: HttpRequest, using: str | None = None) -> dt.datetime:
+        """Return the database's current time, read once per request and database."""
+        alias = using or self._alias()
+        cache = request.__dict__.setdefault("_taskloop_now", {})
+        if alias not in cache:
+            cache[alias] = db_now(alias)
+        return cache[alias]
+
+    def _alias(self) -> str:
+        from django.db import router
+
+        return router.db_for_read(self.model)
+
+    def get_taskloop_links(self, request: HttpRequest) -> list[tuple[str, str]]:
+        """Return ``(label, url)`` pairs shown above the change list (stats, dashboard)."""
+        return []
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)  # type: ignore[misc]
+        actions.pop("delete_selected", None)
+        return actions
+
+    def now(self) -> dt.datetime:
+        """Return the "now" of the page being rendered (the database's clock)."""
+        value = _NOW.get()
+        return value if value is not None else db_now(self._alias())
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        # Read the clock once, so that every row of the page is measured against one "now".
+        # A context variable, not an attribute: one ModelAdmin instance serves every thread.
+        token = _NOW.set(self.db_now(request))
+        extra_context = {"taskloop_links": self.get_taskloop_links(request), **(extra_context or {})}
+        try:
+            response = super().changelist_view(request, extra_context)  # type: ignore[misc]
+            # Render here, while "now" is set: the columns are computed while rendering.
+            if hasattr(response, "render") and not getattr(response, "is_rendered", True):
+                response.render()
+            return response
+        finally:
+            _NOW.reset(token)
+
+    def run_verb(
+        self,
+        request: HttpRequest,
+        verb: Callable[[], Any],
+        success: Callable[[Any], str],
+    ) -> Any:
+        """Call ``verb()``; report ``success(result)`` or the facade's refusal as a message."""
+        try:
+            result = verb()
+        except (TaskloopError, ValueError, TypeError, LookupError) as error:
+            self.message_user(request, f"{type(error).__name__}: {error}", messages.ERROR)  # type: ignore[attr-defined]
+            return None
+        self.message_user(request, success(result), messages.SUCCESS)  # type: ignore[attr-defined]
+        return result
+
+    def require(self, request: HttpRequest, permission: str, obj: Model | None = None) -> None:
+        """Raise ``PermissionDenied`` unless the user has ``permission`` (``change``, ``delete``…)."""
+        if not getattr(self, f"has_{permission}_permission")(request, obj):
+            raise PermissionDenied
+
+
+def state_badge(label: str, css: str) -> str:
+    """Return a coloured state label for a change list."""
+    return format_html('<span class="tl-state tl-{}">{}</span>', css, label)
+
+
+def until_cell(deadline: dt.datetime | None, now: dt.datetime) -> str:
+    """Return "in 3m 05s" for a future deadline, "2s ago" for a past one, "—" for none."""
+    if deadline is None:
+        return "—"
+    seconds = seconds_between(deadline, now) or 0.0
+    if seconds >= 0:
+        return format_html('<span class="tl-future">in {}</span>', humanize_seconds(seconds))
+    return format_html('<span class="tl-past">{} ago</span>', humanize_seconds(seconds))
