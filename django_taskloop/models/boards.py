@@ -1,3 +1,785 @@
-"""Placeholder: filled in by the boards facade."""
+"""Job boards (OpenStack TaskFlow's jobboards) on the database: ``JobBoard``, ``Job``.
 
-__all__: list[str] = []
+A board is a row; its jobs are rows that an owner claims (optionally with an expiry on the
+database's clock), then consumes, abandons or trashes. Every verb is one short transaction on
+the shared claim engine, and the errors follow SPEC §2 (TaskFlow's failure matrix, made
+uniform): ``UnclaimableJob`` for a job that is already claimed, ``NotFound`` for a job or a
+claim that is gone, ``JobFailure`` for a claim held by someone else.
+
+A claim is live while ``claimed_by`` is set and ``claim_expires_at`` is null (never expires)
+or still ahead of the database's clock. An expired claim therefore reads as unclaimed at once,
+with no reaper; ``Job.objects.reap_expired()`` only tidies the columns up.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+import time
+import uuid as uuid_module
+from collections.abc import Iterator
+from typing import Any, Self
+
+from django.core.validators import RegexValidator
+from django.db import IntegrityError, connections, models, transaction
+from django.db.models import BooleanField, Case, Q, Value, When
+
+from .. import engine
+from ..conf import setting
+from ..exceptions import JobFailure, NotFound, TaskloopError, UnclaimableJob
+from ..signals import job_posted, job_removed
+from ..validation import check_bool, check_owner, check_seconds
+
+__all__ = [
+    "JobPriority",
+    "JobBoard",
+    "JobBoardQuerySet",
+    "JobBoardManager",
+    "Job",
+    "JobQuerySet",
+    "JobManager",
+    "ConsumedJob",
+    "BoardEntity",
+    "BoardEntityQuerySet",
+    "BoardEntityManager",
+    "UNCLAIMED",
+    "CLAIMED",
+    "COMPLETE",
+    "DOES_NOT_EXPIRE",
+    "KEY_NOT_FOUND",
+]
+
+#: Job states, as TaskFlow spells them.
+UNCLAIMED = "UNCLAIMED"
+CLAIMED = "CLAIMED"
+COMPLETE = "COMPLETE"
+
+#: ``Job.expires_in()`` of a live claim made without an expiry.
+DOES_NOT_EXPIRE = -1
+#: ``Job.expires_in()`` of a job with no live claim (unclaimed, expired, consumed, trashed).
+KEY_NOT_FOUND = -2
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,100}\Z", re.ASCII)
+_OWNER_LENGTH = 255
+_JOB_NAME_LENGTH = 255
+_KIND_LENGTH = 100
+
+
+class JobPriority(enum.Enum):
+    """How urgent a job is. Values are TaskFlow's (each member's own name)."""
+
+    VERY_HIGH = "VERY_HIGH"
+    HIGH = "HIGH"
+    NORMAL = "NORMAL"
+    LOW = "LOW"
+    VERY_LOW = "VERY_LOW"
+
+    @property
+    def rank(self) -> int:
+        """Return the stored sort key: 0 for ``VERY_HIGH`` up to 4 for ``VERY_LOW``."""
+        return _RANKS[self]
+
+    @classmethod
+    def from_rank(cls, rank: int) -> JobPriority:
+        """Return the member stored as ``rank``."""
+        return _BY_RANK[rank]
+
+    @classmethod
+    def convert(cls, value: Any, name: str = "priority") -> JobPriority:
+        """Return ``value`` as a member: a member, or a member's name in any case."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            member = cls.__members__.get(value.upper())
+            if member is not None:
+                return member
+        raise ValueError(
+            f"{name} must be a JobPriority or one of {', '.join(cls.__members__)}; not {value!r}"
+        )
+
+    @classmethod
+    def reorder(cls, *pairs: tuple[Any, Any]) -> Any:
+        """Return the values of ``(priority, value)`` pairs, most urgent first, stable within one.
+
+        As in TaskFlow: one pair gives its value alone, more give a tuple.
+        """
+        if not pairs:
+            raise ValueError("reorder() needs at least one (priority, value) pair")
+        ordered = sorted(pairs, key=lambda pair: cls.convert(pair[0]).rank)
+        if len(ordered) == 1:
+            return ordered[0][1]
+        return tuple(value for _, value in ordered)
+
+
+_RANKS = {member: rank for rank, member in enumerate(JobPriority)}
+_BY_RANK = {rank: member for member, rank in _RANKS.items()}
+
+
+class PriorityField(models.PositiveSmallIntegerField):
+    """A :class:`JobPriority` stored as its rank, so that the column sorts most urgent first."""
+
+    description = "A job priority, stored as a small integer rank (0 = VERY_HIGH)"
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> JobPriority | None:
+        return None if value is None else JobPriority.from_rank(value)
+
+    def to_python(self, value: Any) -> JobPriority | None:
+        if value is None or isinstance(value, JobPriority):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and value in _BY_RANK:
+            return JobPriority.from_rank(value)
+        return JobPriority.convert(value)
+
+    def get_prep_value(self, value: Any) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return JobPriority.convert(value).rank
+
+
+def _check_name(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if not _NAME_RE.match(value):
+        raise ValueError(
+            f"{name} must be 1-100 characters of letters, digits, '_', '-' and '.'; not {value!r}"
+        )
+    return value
+
+
+def _check_timeout(value: Any) -> float | None:
+    # None waits forever; a negative finite timeout is 0 (SPEC §6).
+    timeout = check_seconds(value, "timeout", allow_none=True)
+    return None if timeout is None else max(0.0, timeout)
+
+
+def _job_uuid(job: Any) -> str:
+    """Return the canonical uuid of ``job``: a ``Job``, a uuid ``str`` (any case) or ``UUID``."""
+    if isinstance(job, Job):
+        return job.uuid
+    if isinstance(job, uuid_module.UUID):
+        return str(job)
+    if isinstance(job, str):
+        try:
+            return str(uuid_module.UUID(job))
+        except ValueError:
+            raise ValueError(f"job must be a Job or a job's uuid, not {job!r}")
+    raise TypeError(f"job must be a Job, a uuid str or a uuid.UUID, not {type(job).__name__}")
+
+
+def _claimable() -> Q:
+    """Jobs nobody holds: never claimed, abandoned, or whose claim has expired."""
+    return Q(claimed_by__isnull=True) | Q(claim_expires_at__lte=engine.DbNow())
+
+
+def _live_claim() -> Q:
+    return Q(claimed_by__isnull=False) & (
+        Q(claim_expires_at__isnull=True) | Q(claim_expires_at__gt=engine.DbNow())
+    )
+
+
+def _wait_in_atomic_block(using: str, what: str) -> None:
+    if connections[using].in_atomic_block:
+        raise TaskloopError(
+            f"{what} with a timeout cannot run inside atomic(): it would never see the commit it waits for"
+        )
+
+
+def _poll(until: Any, timeout: float | None) -> bool:
+    """Call ``until()`` with backoff until it is true (``True``) or ``timeout`` passes (``False``).
+
+    The state is checked before the clock, so a zero timeout still looks once.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = setting("POLL_MIN")
+    while True:
+        if until():
+            return True
+        left = math.inf if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(delay, left))
+        delay = min(delay * setting("POLL_FACTOR"), setting("POLL_MAX"))
+
+
+# -- boards ----------------------------------------------------------------------------------
+
+
+class JobBoardQuerySet(models.QuerySet):
+    """Boards, and ``create_board``."""
+
+    def create_board(self, name: str, if_not_exists: bool = False) -> JobBoard:
+        """Create the board ``name`` and return it.
+
+        An existing name raises ``ValueError``, unless ``if_not_exists`` is true: then the
+        existing board is returned.
+        """
+        name = _check_name(name, "name")
+        if_not_exists = check_bool(if_not_exists, "if_not_exists")
+        using = self.db
+
+        def work() -> JobBoard:
+            existing = JobBoard._base_manager.db_manager(using).filter(name=name).first()
+            if existing is not None:
+                if if_not_exists:
+                    return existing
+                raise ValueError(f"name: a job board named {name!r} already exists")
+            board = JobBoard(name=name, created_on=engine.DbNow())
+            board.save(using=using, force_insert=True)
+            board.refresh_from_db(using=using, fields=["created_on"])
+            return board
+
+        try:
+            return engine.run_in_transaction(JobBoard, using, work)
+        except IntegrityError:
+            # A rival created it between our read and our insert.
+            if connections[using].in_atomic_block or not if_not_exists:
+                raise ValueError(f"name: a job board named {name!r} already exists")
+            return JobBoard._base_manager.db_manager(using).get(name=name)
+
+
+class JobBoardManager(models.Manager.from_queryset(JobBoardQuerySet)):  # type: ignore[misc]
+    """Manager of :class:`JobBoard`: ``JobBoard.objects.create_board(name)``."""
+
+
+class JobBoard(models.Model):
+    """A named board where jobs are posted, claimed, consumed, abandoned and trashed."""
+
+    name = models.CharField(
+        max_length=100,
+        validators=[RegexValidator(_NAME_RE, "Use 1-100 letters, digits, '_', '-' or '.'.")],
+    )
+    created_on = models.DateTimeField(editable=False)
+
+    objects = JobBoardManager()
+
+    class Meta:
+        app_label = "django_taskloop"
+        db_table = "taskloop_board"
+        ordering = ["name"]
+        verbose_name = "job board"
+        constraints = [models.UniqueConstraint(fields=["name"], name="taskloop_board_name_uniq")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    @property
+    def _alias(self) -> str:
+        return self._state.db or "default"
+
+    def _jobs(self) -> JobQuerySet:
+        """This board's live (not trashed) jobs, on the board's database."""
+        return Job.objects.db_manager(self._alias).filter(board=self, trashed=False)
+
+    def _locked_job(self, job: Any) -> Job | None:
+        """Read ``job`` (live, on this board) under a row lock, with its claim's liveness."""
+        job_uuid = _job_uuid(job)
+        return (
+            self._jobs()
+            .select_for_update()
+            .annotate(
+                live_claim=Case(
+                    When(_live_claim(), then=Value(True)), default=Value(False), output_field=BooleanField()
+                )
+            )
+            .filter(uuid=job_uuid)
+            .first()
+        )
+
+    def _held_by(self, job: Any, who: str, verb: str) -> Job:
+        """Return ``job`` locked, if ``who`` holds a live claim on it; else raise per SPEC §2."""
+        row = self._locked_job(job)
+        if row is None:
+            raise NotFound(f"job {_job_uuid(job)} not found to be {verb}ed on board {self.name!r}")
+        if not row.live_claim:
+            raise NotFound(f"cannot {verb} job {row.uuid}: it is not claimed")
+        if row.claimed_by != who:
+            raise JobFailure(
+                f"cannot {verb} job {row.uuid}: it is not owned by {who!r} (it is owned by {row.claimed_by!r})"
+            )
+        return row
+
+    # -- verbs --------------------------------------------------------------------------------
+
+    def post(
+        self, name: str, details: dict[str, Any] | None = None, priority: Any = JobPriority.NORMAL
+    ) -> Job:
+        """Post a job named ``name`` and return it (UNCLAIMED)."""
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        if len(name) > _JOB_NAME_LENGTH:
+            raise ValueError(f"name must be at most {_JOB_NAME_LENGTH} characters, not {len(name)}")
+        if details is None:
+            details = {}
+        if not isinstance(details, dict):
+            raise TypeError(f"details must be a dict, not {type(details).__name__}")
+        try:
+            # Validate at write time: a posting that cannot be read back would break iterjobs.
+            json.dumps(details, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"details must be JSON-serializable: {error}")
+        priority = JobPriority.convert(priority)
+        return self._post(name, details, priority)
+
+    def _post(self, name: str, details: dict[str, Any], priority: JobPriority) -> Job:
+        using = self._alias
+
+        def work() -> Job:
+            now = engine.DbNow()
+            job = Job(
+                board=self,
+                uuid=str(uuid_module.uuid4()),
+                name=name,
+                details=details,
+                priority=priority,
+                created_on=now,
+                last_modified=now,
+            )
+            job.save(using=using, force_insert=True)
+            job.refresh_from_db(using=using, fields=["created_on", "last_modified"])
+            transaction.on_commit(lambda: job_posted.send(sender=Job, job=job), using=using)
+            return job
+
+        return engine.run_in_transaction(Job, using, work)
+
+    def claim(self, job: Any, who: str, expiry: float | None = None) -> Job:
+        """Claim ``job`` for ``who`` (for ``expiry`` seconds, or until released) and return it.
+
+        A job already claimed, even by ``who``, raises ``UnclaimableJob``; a job that is gone
+        raises ``NotFound``.
+        """
+        job_uuid = _job_uuid(job)
+        who = check_owner(who, "who", max_length=_OWNER_LENGTH)
+        expiry = check_seconds(expiry, "expiry", allow_none=True, positive=True)
+
+        def work() -> Job:
+            row = self._locked_job(job_uuid)
+            if row is None:
+                raise NotFound(f"job {job_uuid} not found to be claimed on board {self.name!r}")
+            if row.live_claim:
+                raise UnclaimableJob(f"job {job_uuid} already claimed by {row.claimed_by!r}")
+            return self._write_claim(row.pk, who, expiry)
+
+        return engine.run_in_transaction(Job, self._alias, work)
+
+    def _write_claim(self, pk: int, who: str, expiry: float | None) -> Job:
+        rows = Job.objects.db_manager(self._alias).filter(pk=pk)
+        rows.update(
+            claimed_by=who,
+            claim_expires_at=None if expiry is None else engine.DbNow(expiry),
+            last_modified=engine.DbNow(),
+        )
+        return rows.get()
+
+    def claim_next(self, who: str, expiry: float | None = None) -> Job | None:
+        """Claim the most urgent, oldest unclaimed job for ``who`` and return it, or ``None``."""
+        who = check_owner(who, "who", max_length=_OWNER_LENGTH)
+        expiry = check_seconds(expiry, "expiry", allow_none=True, positive=True)
+        claimed = engine.claim(
+            self._jobs(),
+            limit=1,
+            claimable=_claimable(),
+            order_by=["priority", "sequence"],
+            changes={
+                "claimed_by": who,
+                "claim_expires_at": None if expiry is None else engine.DbNow(expiry),
+                "last_modified": engine.DbNow(),
+            },
+            fetch=True,
+        )
+        return claimed[0] if claimed else None
+
+    def abandon(self, job: Any, who: str) -> None:
+        """Give up ``who``'s claim on ``job``: it is UNCLAIMED again, for anyone to claim."""
+        job_uuid = _job_uuid(job)
+        who = check_owner(who, "who", max_length=_OWNER_LENGTH)
+
+        def work() -> None:
+            row = self._held_by(job_uuid, who, "abandon")
+            Job.objects.db_manager(self._alias).filter(pk=row.pk).update(
+                claimed_by=None, claim_expires_at=None, last_modified=engine.DbNow()
+            )
+
+        engine.run_in_transaction(Job, self._alias, work)
+
+    def consume(self, job: Any, who: str) -> None:
+        """Remove ``job``, claimed by ``who``, for good: its work is done (state COMPLETE).
+
+        With ``TASKLOOP["JOB_HISTORY_RETENTION"] > 0`` a copy is kept as a
+        :class:`ConsumedJob` until ``Job.objects.prune_history()`` removes it.
+        """
+        job_uuid = _job_uuid(job)
+        who = check_owner(who, "who", max_length=_OWNER_LENGTH)
+        using = self._alias
+
+        def work() -> None:
+            row = self._held_by(job_uuid, who, "consume")
+            if setting("JOB_HISTORY_RETENTION") > 0:
+                ConsumedJob(
+                    uuid=row.uuid,
+                    board_id=row.board_id,
+                    name=row.name,
+                    details=row.details,
+                    priority=row.priority,
+                    created_on=row.created_on,
+                    consumed_by=who,
+                    consumed_at=engine.DbNow(),
+                ).save(using=using, force_insert=True)
+            Job.objects.db_manager(using).filter(pk=row.pk).delete()
+            transaction.on_commit(lambda: job_removed.send(sender=Job, job=row), using=using)
+
+        engine.run_in_transaction(Job, using, work)
+
+    def trash(self, job: Any, who: str) -> None:
+        """Take ``job``, claimed by ``who``, off the board for good, keeping it for review."""
+        job_uuid = _job_uuid(job)
+        who = check_owner(who, "who", max_length=_OWNER_LENGTH)
+        using = self._alias
+
+        def work() -> None:
+            row = self._held_by(job_uuid, who, "trash")
+            rows = Job.objects.db_manager(using).filter(pk=row.pk)
+            rows.update(
+                trashed=True,
+                trashed_by=who,
+                trashed_at=engine.DbNow(),
+                claimed_by=None,
+                claim_expires_at=None,
+                last_modified=engine.DbNow(),
+            )
+            trashed = rows.get()
+            transaction.on_commit(lambda: job_removed.send(sender=Job, job=trashed), using=using)
+
+        engine.run_in_transaction(Job, using, work)
+
+    def repost(self, job: Any) -> Job:
+        """Post a trashed ``job`` again (same name, details and priority); return the new job."""
+        job_uuid = _job_uuid(job)
+        old = Job.objects.db_manager(self._alias).filter(board=self, uuid=job_uuid).first()
+        if old is None:
+            raise NotFound(f"job {job_uuid} not found on board {self.name!r}")
+        if not old.trashed:
+            raise JobFailure(f"cannot repost job {job_uuid}: it is not trashed")
+        return self._post(old.name, old.details, old.priority)
+
+    def iterjobs(self, only_unclaimed: bool = False, ensure_fresh: bool = False) -> Iterator[Job]:
+        """Iterate over the board's jobs, most urgent first, then oldest first.
+
+        The database is always fresh, so ``ensure_fresh`` changes nothing. As in TaskFlow, the
+        jobs are read once, when iteration starts.
+        """
+        only_unclaimed = check_bool(only_unclaimed, "only_unclaimed")
+        check_bool(ensure_fresh, "ensure_fresh")
+        jobs = self._jobs()
+        if only_unclaimed:
+            jobs = jobs.filter(_claimable())
+
+        def snapshot() -> Iterator[Job]:
+            yield from list(jobs.order_by("priority", "sequence"))
+
+        return snapshot()
+
+    def wait(self, timeout: float | None = None) -> Iterator[Job]:
+        """Wait until the board has any job, then return ``iterjobs()``.
+
+        Raise ``NotFound`` if none arrives within ``timeout`` seconds (``None``: forever).
+        """
+        timeout = _check_timeout(timeout)
+        if timeout is None or timeout > 0:
+            _wait_in_atomic_block(self._alias, "board.wait()")
+        if not _poll(lambda: self._jobs().exists(), timeout):
+            raise NotFound(
+                f"expired waiting for jobs to arrive on board {self.name!r}; waited {timeout} seconds"
+            )
+        return self.iterjobs()
+
+    @property
+    def job_count(self) -> int:
+        """Return the number of unclaimed and claimed jobs (not consumed or trashed)."""
+        return self._jobs().count()
+
+    def find_owner(self, job: Any) -> str | None:
+        """Return who holds a live claim on ``job``, or ``None``."""
+        job_uuid = _job_uuid(job)
+        return self._jobs().filter(_live_claim(), uuid=job_uuid).values_list("claimed_by", flat=True).first()
+
+    def register_entity(self, kind: str, name: str, metadata: dict[str, Any] | None = None) -> BoardEntity:
+        """Record that entity ``name`` of ``kind`` (e.g. a conductor) is alive; return its record.
+
+        Each call is a heartbeat: it sets ``last_seen`` to the database's time (and replaces
+        ``metadata`` when given). Entities that stop calling show up as stale.
+        """
+        kind = check_owner(kind, "kind", max_length=_KIND_LENGTH)
+        name = check_owner(name, "name", max_length=_OWNER_LENGTH)
+        if metadata is not None:
+            if not isinstance(metadata, dict):
+                raise TypeError(f"metadata must be a dict, not {type(metadata).__name__}")
+            try:
+                json.dumps(metadata, allow_nan=False)
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"metadata must be JSON-serializable: {error}")
+        using = self._alias
+        entities = BoardEntity.objects.db_manager(using).filter(board=self, kind=kind, name=name)
+
+        def work() -> BoardEntity:
+            changes: dict[str, Any] = {"last_seen": engine.DbNow()}
+            if metadata is not None:
+                changes["metadata"] = metadata
+            if not entities.update(**changes):
+                now = engine.DbNow()
+                BoardEntity(
+                    board=self,
+                    kind=kind,
+                    name=name,
+                    metadata=metadata or {},
+                    registered_on=now,
+                    last_seen=now,
+                ).save(using=using, force_insert=True)
+            return entities.get()
+
+        try:
+            return engine.run_in_transaction(BoardEntity, using, work)
+        except IntegrityError:
+            if connections[using].in_atomic_block:
+                raise
+            # A rival registered the same entity between our update and our insert: beat again.
+            return engine.run_in_transaction(BoardEntity, using, work)
+
+
+# -- jobs ------------------------------------------------------------------------------------
+
+
+class JobQuerySet(models.QuerySet):
+    """Jobs, with the upkeep that the reaper runs."""
+
+    def claimable(self) -> Self:
+        """Jobs nobody holds (never claimed, abandoned, or with an expired claim), not trashed."""
+        return self.filter(_claimable(), trashed=False)
+
+    def claimed(self) -> Self:
+        """Jobs under a live claim."""
+        return self.filter(_live_claim(), trashed=False)
+
+    def reap_expired(self) -> int:
+        """Clear every claim here whose expiry has passed; return how many.
+
+        Expired claims already read as unclaimed; this only tidies the columns up.
+        """
+        return self.filter(claimed_by__isnull=False, claim_expires_at__lte=engine.DbNow()).update(
+            claimed_by=None, claim_expires_at=None
+        )
+
+    def prune_history(self) -> int:
+        """Delete consumed-job history older than ``TASKLOOP["JOB_HISTORY_RETENTION"]``; return how many."""
+        retention = float(setting("JOB_HISTORY_RETENTION"))
+        old = ConsumedJob.objects.db_manager(self.db).filter(consumed_at__lte=engine.DbNow(-retention))
+        return old.delete()[0]
+
+
+class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
+    """Manager of :class:`Job`: ``reap_expired()``, ``prune_history()``, ``claimable()``."""
+
+
+class Job(models.Model):
+    """A job posted on a :class:`JobBoard`.
+
+    ``state``, ``owner`` and ``expires_in()`` are read live from the database.
+    """
+
+    #: Posting order: the auto-increment key, so that "oldest first" is exact.
+    sequence = models.BigAutoField(primary_key=True)
+    uuid = models.CharField(max_length=36, editable=False)
+    board = models.ForeignKey(JobBoard, on_delete=models.CASCADE, related_name="jobs", db_index=False)
+    name = models.CharField(max_length=_JOB_NAME_LENGTH)
+    details = models.JSONField(default=dict, blank=True)
+    priority = PriorityField(default=JobPriority.NORMAL.rank)
+    claimed_by = models.CharField(max_length=_OWNER_LENGTH, null=True, blank=True, editable=False)
+    claim_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    created_on = models.DateTimeField(editable=False)
+    last_modified = models.DateTimeField(editable=False)
+    trashed = models.BooleanField(default=False, editable=False)
+    trashed_by = models.CharField(max_length=_OWNER_LENGTH, null=True, blank=True, editable=False)
+    trashed_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = JobManager()
+
+    class Meta:
+        app_label = "django_taskloop"
+        db_table = "taskloop_job"
+        ordering = ["priority", "sequence"]
+        constraints = [models.UniqueConstraint(fields=["uuid"], name="taskloop_job_uuid_uniq")]
+        indexes = [
+            # claim_next and iterjobs: a board's jobs, most urgent first, then oldest. Trashed jobs
+            # stay in it (few; a boolean prefix would not be searchable on SQLite, "NOT trashed").
+            models.Index(fields=["board", "priority", "sequence"], name="taskloop_job_claim_idx"),
+            # reap_expired.
+            models.Index(fields=["claim_expires_at"], name="taskloop_job_expiry_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.uuid})"
+
+    @property
+    def _alias(self) -> str:
+        return self._state.db or "default"
+
+    def _read(self) -> dict[str, Any] | None:
+        """Read this job's row and its claim's liveness, computed on the database's clock."""
+        return (
+            Job.objects.db_manager(self._alias)
+            .filter(pk=self.pk)
+            .annotate(
+                live_claim=Case(
+                    When(_live_claim(), then=Value(True)), default=Value(False), output_field=BooleanField()
+                ),
+                db_now=engine.DbNow(),
+            )
+            .values("trashed", "claimed_by", "claim_expires_at", "live_claim", "db_now")
+            .first()
+        )
+
+    @property
+    def state(self) -> str:
+        """Return ``"UNCLAIMED"``, ``"CLAIMED"`` or ``"COMPLETE"`` (consumed or trashed), read live."""
+        row = self._read()
+        if row is None or row["trashed"]:
+            return COMPLETE
+        return CLAIMED if row["live_claim"] else UNCLAIMED
+
+    @property
+    def owner(self) -> str | None:
+        """Return who holds a live claim on this job, or ``None``, read live."""
+        row = self._read()
+        if row is None or row["trashed"] or not row["live_claim"]:
+            return None
+        return row["claimed_by"]
+
+    def expires_in(self) -> float:
+        """Return the seconds left on the live claim, ``-1`` if it never expires, ``-2`` if none."""
+        row = self._read()
+        if row is None or row["trashed"] or not row["live_claim"]:
+            return KEY_NOT_FOUND
+        if row["claim_expires_at"] is None:
+            return DOES_NOT_EXPIRE
+        return max(
+            0.0,
+            (engine.to_datetime(row["claim_expires_at"]) - engine.to_datetime(row["db_now"])).total_seconds(),
+        )
+
+    def extend_expiry(self, seconds: float) -> bool:
+        """Make the live claim on this job expire ``seconds`` from now; return whether there was one.
+
+        A claim made without an expiry gets one. Expired, abandoned and finished jobs give
+        ``False``.
+        """
+        seconds = check_seconds(seconds, "seconds", positive=True)
+        using = self._alias
+
+        def work() -> bool:
+            return bool(
+                Job.objects.db_manager(using)
+                .filter(_live_claim(), pk=self.pk, trashed=False)
+                .update(claim_expires_at=engine.DbNow(seconds), last_modified=engine.DbNow())
+            )
+
+        return engine.run_in_transaction(Job, using, work)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until this job is COMPLETE (``True``) or ``timeout`` seconds pass (``False``)."""
+        timeout = _check_timeout(timeout)
+        if timeout is None or timeout > 0:
+            _wait_in_atomic_block(self._alias, "job.wait()")
+        return _poll(lambda: self.state == COMPLETE, timeout)
+
+
+class ConsumedJob(models.Model):
+    """A consumed job, kept for ``TASKLOOP["JOB_HISTORY_RETENTION"]`` seconds after the fact."""
+
+    uuid = models.CharField(max_length=36, editable=False)
+    board = models.ForeignKey(
+        JobBoard, on_delete=models.CASCADE, related_name="consumed_jobs", db_index=False
+    )
+    name = models.CharField(max_length=_JOB_NAME_LENGTH)
+    details = models.JSONField(default=dict, blank=True)
+    priority = PriorityField(default=JobPriority.NORMAL.rank)
+    created_on = models.DateTimeField()
+    consumed_by = models.CharField(max_length=_OWNER_LENGTH)
+    consumed_at = models.DateTimeField()
+
+    class Meta:
+        app_label = "django_taskloop"
+        db_table = "taskloop_consumed_job"
+        ordering = ["-consumed_at"]
+        constraints = [models.UniqueConstraint(fields=["uuid"], name="taskloop_consumed_uuid_uniq")]
+        indexes = [
+            models.Index(fields=["board", "consumed_at"], name="taskloop_consumed_board_idx"),
+            models.Index(fields=["consumed_at"], name="taskloop_consumed_at_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.uuid})"
+
+    @property
+    def state(self) -> str:
+        """Return ``"COMPLETE"``: a consumed job is finished."""
+        return COMPLETE
+
+
+class BoardEntityQuerySet(models.QuerySet):
+    """Registered entities, alive or stale by their last heartbeat."""
+
+    def stale(self, timeout: float | None = None) -> Self:
+        """Entities not seen for ``timeout`` seconds (default ``TASKLOOP["ENTITY_TIMEOUT"]``)."""
+        timeout = self._timeout(timeout)
+        return self.filter(last_seen__lte=engine.DbNow(-timeout))
+
+    def alive(self, timeout: float | None = None) -> Self:
+        """Entities seen within ``timeout`` seconds (default ``TASKLOOP["ENTITY_TIMEOUT"]``)."""
+        timeout = self._timeout(timeout)
+        return self.filter(last_seen__gt=engine.DbNow(-timeout))
+
+    @staticmethod
+    def _timeout(timeout: float | None) -> float:
+        if timeout is None:
+            return float(setting("ENTITY_TIMEOUT"))
+        return check_seconds(timeout, "timeout", non_negative=True)  # type: ignore[return-value]
+
+
+class BoardEntityManager(models.Manager.from_queryset(BoardEntityQuerySet)):  # type: ignore[misc]
+    """Manager of :class:`BoardEntity`: ``stale()`` and ``alive()``."""
+
+
+class BoardEntity(models.Model):
+    """A liveness record (e.g. a conductor) registered on a board, with a heartbeat."""
+
+    board = models.ForeignKey(JobBoard, on_delete=models.CASCADE, related_name="entities", db_index=False)
+    kind = models.CharField(max_length=_KIND_LENGTH)
+    name = models.CharField(max_length=_OWNER_LENGTH)
+    metadata = models.JSONField(default=dict, blank=True)
+    registered_on = models.DateTimeField(editable=False)
+    last_seen = models.DateTimeField(editable=False)
+
+    objects = BoardEntityManager()
+
+    class Meta:
+        app_label = "django_taskloop"
+        db_table = "taskloop_board_entity"
+        ordering = ["kind", "name"]
+        verbose_name_plural = "board entities"
+        constraints = [
+            models.UniqueConstraint(fields=["board", "kind", "name"], name="taskloop_entity_uniq"),
+        ]
+        indexes = [models.Index(fields=["last_seen"], name="taskloop_entity_seen_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
+
+    def is_stale(self, timeout: float | None = None) -> bool:
+        """Say whether this entity's last heartbeat is older than ``timeout`` (database clock)."""
+        entities = BoardEntity.objects.db_manager(self._state.db or "default").filter(pk=self.pk)
+        return entities.stale(timeout).exists()
