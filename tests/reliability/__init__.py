@@ -1,0 +1,1 @@
+"""Reliability: crashes, restarts, lost connections and bad input lose nothing (issue 9)."""
