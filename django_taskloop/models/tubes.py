@@ -1,3 +1,1124 @@
-"""Placeholder: filled in by the tubes facade."""
+"""Tubes (Tarantool's ``queue``): ``Tube`` and ``Task``, drivers fifo, fifottl, utube, utubettl.
 
-__all__: list[str] = []
+A tube is a row; its tasks are rows of one narrow table. Taking a task is a claim through
+:func:`django_taskloop.engine.claim` in the driver's order (``id`` for fifo/utube, ``pri, id``
+for fifottl/utubettl), served by one index for both orders.
+
+Time-driven transitions (a delay ending, a ttr running out, a ttl expiring, a consumer that
+stopped beating) are applied by :meth:`Tube.tidy`, which every call that can observe them runs
+first when something is due, so they are right whether or not a reaper ever ran.
+
+Counters (``statistics()["calls"]`` and ``tasks.done``) live in :class:`TubeStat`: a few slot
+rows per tube, each process and thread writing the slot its identity hashes to, in the same
+transaction as the change. No single row is written by every take and ack, and
+``statistics()`` sums the slots.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, connections, models, transaction
+from django.db.models import Case, Count, Exists, F, OuterRef, Q, Sum, Value, When
+from django.db.models.functions import Concat, Least
+
+from .. import engine, wakeup
+from ..conf import setting
+from ..exceptions import DatabaseBusy, NotFound, NotTaken, TaskloopError, TubeError
+from ..validation import MAX_SECONDS, check_bool, check_count, check_owner, check_seconds
+
+__all__ = ["Tube", "Task", "TubeManager", "TubeStat", "Consumer", "TubeWaiter", "default_consumer"]
+
+TUBE_TYPES = ("fifo", "fifottl", "utube", "utubettl")
+TTL_TYPES = ("fifottl", "utubettl")
+UTUBE_TYPES = ("utube", "utubettl")
+
+READY, TAKEN, DONE, BURIED, DELAYED = "r", "t", "-", "!", "~"
+
+#: Tarantool's call counters, in the order statistics() lists them; ``delete`` is stored as
+#: ``deleted`` so that the model does not shadow ``Model.delete()``.
+CALLS = ("ack", "bury", "delete", "kick", "put", "release", "take", "touch", "ttl", "ttr", "delay")
+_COLUMN = {name: ("deleted" if name == "delete" else name) for name in CALLS}
+
+#: Counter rows per tube. Processes spread over them by identity, so that two consumers
+#: rarely wait for each other's counter row, while statistics() sums only a few rows.
+SLOTS = 16
+
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}\Z", re.ASCII)
+
+# How often one process re-checks for dead consumers on its own takes (seconds); peek,
+# statistics, drop and the reaper always check.
+_STALE_CHECK_EVERY = 1.0
+# How often one process writes a consumer's heartbeat at most (seconds).
+_BEAT_EVERY = 1.0
+
+
+def default_consumer() -> str:
+    """Return this process's and thread's consumer identity, ``"<host>:<pid>:<thread id>"``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+def _slot() -> int:
+    return zlib.crc32(f"{os.getpid()}:{threading.get_ident()}".encode()) % SLOTS
+
+
+# -- database clock arithmetic -------------------------------------------------------------
+
+
+class _Shifted(models.Expression):
+    """``base`` (a datetime expression, default the database clock) plus ``seconds``.
+
+    ``seconds`` is a number or a float expression (a column). ``DbNow(seconds)`` takes only a
+    constant; a task's deadline at take time is now plus *its own* ttr, and touch moves stored
+    deadlines, so these need a column on either side.
+    """
+
+    output_field = models.DateTimeField()
+
+    def __init__(self, seconds: Any, base: Any = None) -> None:
+        super().__init__(output_field=models.DateTimeField())
+        self.base = base if base is not None else engine.DbNow()
+        self.seconds = seconds if hasattr(seconds, "resolve_expression") else Value(float(seconds))
+
+    def get_source_expressions(self) -> list[Any]:
+        return [self.base, self.seconds]
+
+    def set_source_expressions(self, exprs: list[Any]) -> None:
+        self.base, self.seconds = exprs
+
+    def _parts(self, compiler: Any, connection: Any) -> tuple[str, str, list[Any]]:
+        base_sql, base_params = compiler.compile(self.base)
+        sec_sql, sec_params = compiler.compile(self.seconds)
+        return base_sql, sec_sql, [*base_params, *sec_params]
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        raise NotImplementedError(f"django-taskloop does not support the {connection.vendor} database")
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        base, sec, params = self._parts(compiler, connection)
+        return f"({base} + make_interval(secs => ({sec})::double precision))", params
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        base, sec, params = self._parts(compiler, connection)
+        return f"({base} + INTERVAL ROUND(({sec}) * 1000000) MICROSECOND)", params
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        base, sec, params = self._parts(compiler, connection)
+        return f"STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', {base}, printf('%%+.3f seconds', {sec}))", params
+
+
+def _taken_deadline() -> Any:
+    """``min(now + ttr, ttl deadline)`` with NULL meaning infinite on either side."""
+    return Case(
+        When(ttr__isnull=True, then=F("ttl_at")),
+        When(ttl_at__isnull=True, then=_Shifted(F("ttr"))),
+        default=Least(_Shifted(F("ttr")), F("ttl_at")),
+        output_field=models.DateTimeField(),
+    )
+
+
+def _taken_key() -> Any:
+    """The value of ``taken_key`` for a taken utube task: unique per (tube, sub-queue)."""
+    return Case(
+        When(utube__isnull=True, then=Value("")),
+        default=Concat(Value("."), F("utube")),
+        output_field=models.CharField(),
+    )
+
+
+# -- per-process state ---------------------------------------------------------------------
+
+_callbacks: dict[tuple[str, int], Callable[[Task, str], Any]] = {}
+_beats: dict[tuple[str, str], float] = {}
+_stale_checks: dict[tuple[str, int], float] = {}
+
+
+def _reset_after_fork() -> None:
+    # A child is a new consumer: it must beat on its own, and check for the dead afresh.
+    _beats.clear()
+    _stale_checks.clear()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+# -- validation helpers --------------------------------------------------------------------
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, not {type(name).__name__}")
+    if not _NAME.match(name):
+        raise ValueError(f"name must be 1-100 ASCII letters, digits, '_', '-' or '.', not {name!r}")
+    return name
+
+
+def _check_pri(value: Any, name: str = "pri", allow_none: bool = True) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not -(2**31) <= value < 2**31:
+        raise ValueError(f"{name} must fit in 32 bits, not {value!r}")
+    return value
+
+
+def _check_lifetime(value: Any, name: str) -> float | None:
+    """ttl/ttr: ``None`` (the default), or seconds > 0; ``math.inf`` is not accepted."""
+    return check_seconds(value, name, allow_none=True, positive=True)
+
+
+def _check_task_id(task_id: Any) -> int:
+    if isinstance(task_id, Task):
+        task_id = task_id.pk
+    if isinstance(task_id, bool) or not isinstance(task_id, int):
+        raise TypeError(f"task_id must be an int or a Task, not {type(task_id).__name__}")
+    return task_id
+
+
+def _check_consumer(consumer: Any) -> str:
+    if consumer is None:
+        return default_consumer()
+    return check_owner(consumer, "consumer")
+
+
+def _check_timeout(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(
+            f"timeout must be an int or float number of seconds or None, not {type(timeout).__name__}"
+        )
+    if isinstance(timeout, float) and not math.isfinite(timeout):
+        raise ValueError(f"timeout must be finite (None waits forever), not {timeout!r}")
+    return min(max(0.0, float(timeout)), float(MAX_SECONDS))
+
+
+# -- models --------------------------------------------------------------------------------
+
+
+class TubeManager(models.Manager["Tube"]):
+    """Create tubes and look at all of them: ``create_tube``, ``statistics``, ``reap``."""
+
+    def create_tube(
+        self,
+        name: str,
+        type: str,
+        if_not_exists: bool = False,
+        ttl: float | None = None,
+        ttr: float | None = None,
+        pri: int | None = None,
+        on_task_change: Callable[[Task, str], Any] | None = None,
+    ) -> Tube:
+        """Create the tube ``name`` of driver ``type`` and return it.
+
+        An existing name raises :class:`TubeError`, unless ``if_not_exists`` is true and the
+        existing tube has the same type (then it is returned). ``ttl``, ``ttr`` and ``pri``
+        are the defaults of the tube's tasks (ignored by fifo and utube, but type-checked).
+        """
+        name = _check_name(name)
+        if not isinstance(type, str):
+            raise TypeError(f"type must be a str, not {builtins_type(type).__name__}")
+        if type not in TUBE_TYPES:
+            raise ValueError(f"type must be one of {', '.join(TUBE_TYPES)}, not {type!r}")
+        if_not_exists = check_bool(if_not_exists, "if_not_exists")
+        ttl = _check_lifetime(ttl, "ttl")
+        ttr = _check_lifetime(ttr, "ttr")
+        pri = _check_pri(pri)
+        if on_task_change is not None and not callable(on_task_change):
+            raise TypeError("on_task_change must be callable or None")
+        using = self.db
+
+        def make() -> Tube:
+            tube = self.model(name=name, type=type, ttl=ttl, ttr=ttr, pri=pri)
+            tube.save(using=using, force_insert=True)
+            TubeStat.objects.using(using).bulk_create([TubeStat(tube=tube, slot=s) for s in range(SLOTS)])
+            return tube
+
+        existing = self.filter(name=name).first()
+        if existing is None:
+            try:
+                tube = engine.run_in_transaction(self.model, using, make)
+            except IntegrityError:
+                # A rival created it between our look and our insert.
+                existing = self.filter(name=name).first()
+                if existing is None:
+                    raise
+        if existing is not None:
+            if not if_not_exists:
+                raise TubeError(f"tube {name!r} already exists")
+            if existing.type != type:
+                raise TubeError(f"tube {name!r} exists with type {existing.type!r}, not {type!r}")
+            tube = existing
+        if on_task_change is not None:
+            _callbacks[(using, tube.pk)] = on_task_change
+        return tube
+
+    def statistics(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Return ``{tube name: tube.statistics()}`` for every tube."""
+        return {tube.name: tube.statistics() for tube in self.order_by("name")}
+
+    def reap(self) -> dict[str, int]:
+        """Apply every due transition of every tube; return the counts per kind.
+
+        Kinds: ``delay`` (delayed → ready), ``ttr`` (taken → ready), ``ttl`` (removed),
+        ``release`` (a dead consumer's task → ready), ``consumers`` (dead consumers forgotten).
+        """
+        totals = {"delay": 0, "ttr": 0, "ttl": 0, "release": 0, "consumers": 0}
+        for tube in self.all():
+            try:
+                done = tube.tidy(stale=True)
+            except NotFound:
+                continue
+            for kind, n in done.items():
+                totals[kind] += n
+        totals["consumers"] = Consumer.objects.using(self.db).forget_dead()
+        return totals
+
+
+builtins_type = type
+
+
+class Tube(models.Model):
+    """A named queue of tasks with a driver: ``fifo``, ``fifottl``, ``utube`` or ``utubettl``."""
+
+    name = models.CharField(max_length=100, unique=True)
+    type = models.CharField(max_length=10, choices=[(t, t) for t in TUBE_TYPES])
+    ttl = models.FloatField(null=True, blank=True, help_text="Default time to live of a task (seconds).")
+    ttr = models.FloatField(null=True, blank=True, help_text="Default time to run of a taken task (seconds).")
+    pri = models.IntegerField(null=True, blank=True, help_text="Default priority (lower first).")
+    created = models.DateTimeField(auto_now_add=True)
+
+    objects = TubeManager()
+
+    class Meta:
+        app_label = "django_taskloop"
+        db_table = "taskloop_tube"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.type})"
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    @property
+    def _using(self) -> str:
+        return self._state.db or "default"
+
+    @property
+    def _has_ttl(self) -> bool:
+        return self.type in TTL_TYPES
+
+    @property
+    def _is_utube(self) -> bool:
+        return self.type in UTUBE_TYPES
+
+    def _tasks(self) -> models.QuerySet[Task]:
+        return Task.objects.using(self._using).filter(tube_id=self.pk)
+
+    def _exists(self) -> bool:
+        return Tube.objects.using(self._using).filter(pk=self.pk).exists()
+
+    def _gone(self) -> NotFound:
+        return NotFound(f"tube {self.name!r} does not exist (dropped?)")
+
+    def _ensure_exists(self) -> None:
+        if not self._exists():
+            raise self._gone()
+
+    def _run(self, work: Callable[[], Any]) -> Any:
+        """Run ``work`` in a write transaction, retrying deadlocks when outermost.
+
+        ``engine.claim`` nested inside turns a deadlock into :class:`DatabaseBusy`; retry those
+        here too, where the whole transaction (claim and counters) can be replayed.
+        """
+        using = self._using
+        outermost = not connections[using].in_atomic_block
+        attempt = 0
+        while True:
+            try:
+                return engine.run_in_transaction(Task, using, work)
+            except DatabaseBusy as error:
+                if (
+                    not outermost
+                    or attempt >= setting("RETRIES")
+                    or not isinstance(error.__cause__, DatabaseError)
+                ):
+                    raise
+                attempt += 1
+                time.sleep(min(0.5, 0.01 * 2**attempt))
+
+    def _count(self, **deltas: int) -> None:
+        """Add ``deltas`` to this process's counter slot, in the current transaction."""
+        deltas = {_COLUMN.get(k, k): n for k, n in deltas.items() if n}
+        if not deltas:
+            return
+        stats = TubeStat.objects.using(self._using).filter(tube_id=self.pk, slot=_slot())
+        changes = {column: F(column) + n for column, n in deltas.items()}
+        if stats.update(**changes):
+            return
+        # No slot rows: the tube was dropped, or made without create_tube (admin, fixtures).
+        self._ensure_exists()
+        TubeStat.objects.using(self._using).bulk_create(
+            [TubeStat(tube_id=self.pk, slot=s) for s in range(SLOTS)], ignore_conflicts=True
+        )
+        stats.update(**changes)
+
+    def _emit(self, task: Task, event: str) -> None:
+        callback = _callbacks.get((self._using, self.pk))
+        if callback is None:
+            return
+        snapshot = copy.copy(task)
+        transaction.on_commit(lambda: callback(snapshot, event), using=self._using)
+
+    def _wake(self) -> None:
+        """Tell waiting consumers (here at commit, elsewhere via NOTIFY) that a task is ready."""
+        using, pk = self._using, self.pk
+        wakeup.send_notify(using, pk)
+        transaction.on_commit(lambda: wakeup.notify(using, pk), using=using)
+
+    def _beat(self, consumer: str) -> None:
+        """Record that ``consumer`` is alive: at most once per second per process."""
+        key = (self._using, consumer)
+        now = time.monotonic()
+        if now - _beats.get(key, -math.inf) < _BEAT_EVERY:
+            return
+        Consumer.objects.using(self._using).beat(consumer)
+        _beats[key] = now
+
+    def _due(self) -> Q:
+        """Rows with a time transition due now (a delay or ttr ran out, or a ttl expired)."""
+        due = Q(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow())
+        return due | Q(state__in=[READY, BURIED], ttl_at__lte=engine.DbNow())
+
+    def _row(self, task_id: int, *, lock: bool) -> Task | None:
+        """Return the task as it is now (due transitions applied), or ``None``."""
+        for _ in range(2):
+            rows = self._tasks().filter(pk=task_id)
+            if lock:
+                rows = rows.select_for_update()
+            row = rows.annotate(
+                _is_due=models.ExpressionWrapper(self._due(), output_field=models.BooleanField())
+            ).first()
+            if row is None or not row._is_due:
+                if row is not None:
+                    del row._is_due
+                return row
+            self.tidy()
+        return row
+
+    def _owned(self, task_id: int, consumer: str) -> Task:
+        """Return the locked task if ``consumer`` holds it; else raise (NotFound first)."""
+        row = self._row(task_id, lock=True)
+        if row is None or row.state != TAKEN or row.owner != consumer:
+            self._ensure_exists()
+            raise NotTaken(f"task {task_id} is not taken by consumer {consumer!r}")
+        return row
+
+    # -- time-driven transitions -----------------------------------------------------------
+
+    def tidy(self, stale: bool = True) -> dict[str, int]:
+        """Apply this tube's due transitions now; return the counts per kind.
+
+        Delayed tasks whose delay ran out and taken tasks whose ttr ran out become ready;
+        with ``stale``, so do the tasks of consumers whose heartbeat is older than
+        ``CONSUMER_TIMEOUT``; ready and buried tasks whose ttl ran out are removed.
+        """
+        done = {"delay": 0, "ttr": 0, "ttl": 0, "release": 0}
+        using = self._using
+        skip = engine.features(using).skip_locked
+
+        def lock(rows: models.QuerySet[Task]) -> list[Task]:
+            # Skip rows a rival is changing: it will apply the transition, or we do next time.
+            return list(rows.select_for_update(skip_locked=skip).order_by("pk"))
+
+        def work() -> None:
+            self._ensure_exists()
+            tasks = self._tasks()
+            now = engine.DbNow()
+            back = lock(tasks.filter(state__in=[DELAYED, TAKEN], event_at__lte=now))
+            dead_held: list[Task] = []
+            if stale:
+                dead = Consumer.objects.using(using).dead().values("name")
+                dead_held = lock(
+                    tasks.filter(state=TAKEN, owner__in=dead).exclude(pk__in=[t.pk for t in back])
+                )
+                back += dead_held
+            if back:
+                tasks.filter(pk__in=[t.pk for t in back]).update(
+                    state=READY, owner=None, taken_key=None, event_at=None
+                )
+                due = len(back) - len(dead_held)
+                for i, task in enumerate(back):
+                    kind = "release" if i >= due else "delay" if task.state == DELAYED else "ttr"
+                    done[kind] += 1
+                    task.state, task.owner, task.taken_key, task.event_at = READY, None, None, None
+                    self._emit(task, kind)
+                self._wake()
+            expired = lock(tasks.filter(state__in=[READY, BURIED], ttl_at__lte=now))
+            if expired:
+                tasks.filter(pk__in=[t.pk for t in expired])._raw_delete(using)
+                for task in expired:
+                    task.state = DONE
+                    self._emit(task, "delete")
+                    self._emit(task, "ttl")
+                done["ttl"] = len(expired)
+            self._count(
+                delay=done["delay"],
+                ttr=done["ttr"],
+                release=done["release"],
+                ttl=done["ttl"],
+                delete=done["ttl"],
+                done=done["ttl"],
+            )
+
+        self._run(work)
+        return done
+
+    def _tidy_for_take(self) -> None:
+        """Before a take: apply due transitions if there are any (one cheap indexed read)."""
+        key = (self._using, self.pk)
+        now = time.monotonic()
+        stale = now - _stale_checks.get(key, -math.inf) >= _STALE_CHECK_EVERY
+        if stale:
+            _stale_checks[key] = now
+            dead = Consumer.objects.using(self._using).dead().values("name")
+            if self._tasks().filter(state=TAKEN, owner__in=dead).exists():
+                self.tidy(stale=True)
+                return
+        if (
+            self._has_ttl
+            and self._tasks().filter(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow()).exists()
+        ):
+            self.tidy(stale=False)
+
+    # -- the verbs -------------------------------------------------------------------------
+
+    def put(
+        self,
+        data: Any,
+        pri: int | None = None,
+        ttl: float | None = None,
+        ttr: float | None = None,
+        delay: float | None = None,
+        utube: Any = None,
+    ) -> Task:
+        """Add a task holding ``data`` (any JSON value) and return it (ready, or delayed)."""
+        try:
+            json.dumps(data)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"data must be a JSON value: {error}") from error
+        pri = _check_pri(pri)
+        ttl = _check_lifetime(ttl, "ttl")
+        ttr = _check_lifetime(ttr, "ttr")
+        delay = check_seconds(delay, "delay", allow_none=True)
+        if utube is not None:
+            utube = str(utube)
+            if len(utube) > 255:
+                raise ValueError(f"utube must be at most 255 characters, not {len(utube)}")
+        task = Task(tube_id=self.pk, data=data, state=READY)
+        if self._is_utube:
+            task.utube = utube
+        if self._has_ttl:
+            task.pri = pri if pri is not None else (self.pri or 0)
+            ttl = ttl if ttl is not None else self.ttl
+            # The default ttr is the tube's ttr, else the tube's ttl (not the task's ttl).
+            task.ttr = ttr if ttr is not None else (self.ttr if self.ttr is not None else self.ttl)
+            delay = delay if delay and delay > 0 else 0.0
+            if delay:
+                task.state = DELAYED
+                task.event_at = engine.DbNow(delay)
+            if ttl is not None:
+                # A delay extends the lifetime: a delayed task lives delay + ttl.
+                task.ttl_at = engine.DbNow(min(ttl + delay, MAX_SECONDS))
+
+        def work() -> Task:
+            self._count(put=1)
+            task.save(using=self._using, force_insert=True)
+            if task.state == READY:
+                self._wake()
+            self._emit(task, "put")
+            return task
+
+        try:
+            self._run(work)
+        except IntegrityError:
+            self._ensure_exists()
+            raise
+        if self._has_ttl:
+            # Read back the deadlines the database computed.
+            task.refresh_from_db(using=self._using, fields=["ttl_at", "event_at"])
+        return task
+
+    def take(self, timeout: float | None = 0, consumer: str | None = None) -> Task | None:
+        """Take the best ready task for ``consumer`` and return it, or ``None``.
+
+        Always tries once at once; then waits up to ``timeout`` seconds (``None``: forever)
+        and wakes promptly when a task becomes ready.
+        """
+        timeout = _check_timeout(timeout)
+        consumer = _check_consumer(consumer)
+        using = self._using
+        if (timeout is None or timeout > 0) and connections[using].in_atomic_block:
+            raise TaskloopError(
+                "take(timeout > 0) cannot wait inside a transaction: it would never see the commit "
+                "it waits for; use take(0) there"
+            )
+        end = None if timeout is None else time.monotonic() + timeout
+        tasks = self._take(1, consumer)
+        if tasks or timeout == 0:
+            return tasks[0] if tasks else None
+        waiter = wakeup.Waiter(using, self.pk)
+        try:
+            registration = TubeWaiter.objects.using(using).register(self, consumer, timeout)
+            try:
+                # One more try now that the waiter listens: a task made ready since the first
+                # try is either taken here or wakes the sleep below.
+                while True:
+                    tasks = self._take(1, consumer)
+                    if tasks:
+                        return tasks[0]
+                    left = None if end is None else end - time.monotonic()
+                    if left is not None and left <= 0:
+                        return None
+                    waiter.sleep(left)
+                    registration.refresh()
+            finally:
+                registration.close()
+        finally:
+            waiter.close()
+
+    def take_many(self, limit: int, consumer: str | None = None) -> list[Task]:
+        """Take up to ``limit`` ready tasks at once for ``consumer`` (no waiting)."""
+        limit = check_count(limit, "limit", minimum=1)
+        return self._take(limit, _check_consumer(consumer))
+
+    def _claimable(self) -> Q:
+        claimable = Q(state=READY)
+        if self._has_ttl:
+            claimable &= Q(ttl_at__isnull=True) | Q(ttl_at__gt=engine.DbNow())
+        else:
+            # fifo/utube tasks all have pri 0: saying so lets the (tube, state, pri, id) index
+            # serve the id order.
+            claimable &= Q(pri=0)
+        if self._is_utube:
+            busy = Task.objects.filter(tube_id=self.pk)
+            claimable &= Q(utube__isnull=True) & ~Exists(busy.filter(taken_key="")) | Q(
+                utube__isnull=False
+            ) & ~Exists(busy.filter(taken_key=Concat(Value("."), OuterRef("utube"))))
+        return claimable
+
+    def _order(self) -> list[str]:
+        return ["pri", "id"] if self._has_ttl else ["id"]
+
+    def _take(self, limit: int, consumer: str) -> list[Task]:
+        self._beat(consumer)
+        self._tidy_for_take()
+        changes: dict[str, Any] = {"state": TAKEN, "owner": consumer}
+        if self._has_ttl:
+            changes["event_at"] = _taken_deadline()
+        if self._is_utube:
+            changes["taken_key"] = _taken_key()
+        claimable = self._claimable()
+
+        def work() -> list[Task]:
+            queryset = self._tasks()
+            if self._is_utube and limit > 1:
+                queryset = queryset.filter(pk__in=self._one_per_subqueue(limit))
+            tasks = engine.claim(
+                queryset,
+                limit=limit,
+                claimable=claimable,
+                order_by=self._order(),
+                changes=changes,
+                fetch=True,
+            )
+            if tasks:
+                self._count(take=len(tasks))
+                for task in tasks:
+                    self._emit(task, "take")
+            return tasks
+
+        for attempt in range(5):
+            try:
+                tasks = self._run(work)
+            except IntegrityError:
+                # utube: a rival took another task of the same sub-queue first (the unique
+                # taken_key refused ours), or a stale holder still blocks it. Look again.
+                if attempt >= 1:
+                    self.tidy()
+                continue
+            if not tasks:
+                self._ensure_exists()
+            return tasks
+        return []
+
+    def _one_per_subqueue(self, limit: int) -> list[int]:
+        """Candidates for a utube batch: the best ready task of each free sub-queue."""
+        seen: set[Any] = set()
+        chosen = []
+        rows = self._tasks().filter(self._claimable()).order_by(*self._order())
+        for pk, key in rows.values_list("pk", "utube")[: limit * 4]:
+            if key not in seen:
+                seen.add(key)
+                chosen.append(pk)
+                if len(chosen) == limit:
+                    break
+        return chosen
+
+    def ack(self, task_id: int, consumer: str | None = None) -> Task:
+        """Finish the task ``consumer`` holds: remove it and return it with state ``"-"``."""
+        task_id = _check_task_id(task_id)
+        consumer = _check_consumer(consumer)
+        self._beat(consumer)
+
+        def work() -> Task:
+            task = self._owned(task_id, consumer)
+            self._tasks().filter(pk=task.pk)._raw_delete(self._using)
+            self._count(ack=1, done=1)
+            task.state, task.owner, task.taken_key = DONE, None, None
+            self._emit(task, "delete")
+            return task
+
+        return self._run(work)
+
+    def ack_many(self, task_ids: Iterable[int], consumer: str | None = None) -> int:
+        """Finish every task of ``task_ids`` that ``consumer`` holds; return how many."""
+        if isinstance(task_ids, (int, Task)):
+            task_ids = [task_ids]
+        ids = list(dict.fromkeys(_check_task_id(t) for t in task_ids))
+        consumer = _check_consumer(consumer)
+        if not ids:
+            return 0
+        self._beat(consumer)
+        held = Q(state=TAKEN, owner=consumer)
+        if self._has_ttl:
+            held &= Q(event_at__isnull=True) | Q(event_at__gt=engine.DbNow())
+        watched = (self._using, self.pk) in _callbacks
+
+        def work() -> int:
+            total = 0
+            for chunk in engine.batched(ids, self._using):
+                rows = self._tasks().filter(held, pk__in=chunk)
+                if watched:
+                    tasks = list(rows.select_for_update())
+                    n = self._tasks().filter(pk__in=[t.pk for t in tasks])._raw_delete(self._using)
+                    for task in tasks:
+                        task.state, task.owner, task.taken_key = DONE, None, None
+                        self._emit(task, "delete")
+                else:
+                    n = rows._raw_delete(self._using)
+                total += n
+            if total:
+                self._count(ack=total, done=total)
+            else:
+                self._ensure_exists()
+            return total
+
+        return self._run(work)
+
+    def release(self, task_id: int, delay: float | None = None, consumer: str | None = None) -> Task:
+        """Give back the task ``consumer`` holds: ready again, or delayed by ``delay`` seconds."""
+        task_id = _check_task_id(task_id)
+        delay = check_seconds(delay, "delay", allow_none=True)
+        consumer = _check_consumer(consumer)
+        self._beat(consumer)
+
+        def work() -> Task:
+            task = self._owned(task_id, consumer)
+            changes: dict[str, Any] = {"state": READY, "owner": None, "taken_key": None, "event_at": None}
+            if self._has_ttl and delay and delay > 0:
+                changes["state"] = DELAYED
+                changes["event_at"] = engine.DbNow(delay)
+                # The delay extends the lifetime, as at put.
+                changes["ttl_at"] = _Shifted(delay, F("ttl_at"))
+            self._tasks().filter(pk=task.pk).update(**changes)
+            self._count(release=1)
+            task.refresh_from_db(using=self._using)
+            if task.state == READY:
+                self._wake()
+            self._emit(task, "release")
+            return task
+
+        return self._run(work)
+
+    def release_many(self, task_ids: Iterable[int], consumer: str | None = None) -> int:
+        """Give back (ready, no delay) every task of ``task_ids`` that ``consumer`` holds."""
+        if isinstance(task_ids, (int, Task)):
+            task_ids = [task_ids]
+        ids = list(dict.fromkeys(_check_task_id(t) for t in task_ids))
+        consumer = _check_consumer(consumer)
+        if not ids:
+            return 0
+        self._beat(consumer)
+        held = Q(state=TAKEN, owner=consumer)
+        if self._has_ttl:
+            held &= Q(event_at__isnull=True) | Q(event_at__gt=engine.DbNow())
+
+        def work() -> int:
+            total = 0
+            for chunk in engine.batched(ids, self._using):
+                tasks = list(self._tasks().filter(held, pk__in=chunk).select_for_update())
+                total += (
+                    self._tasks()
+                    .filter(pk__in=[t.pk for t in tasks])
+                    .update(state=READY, owner=None, taken_key=None, event_at=None)
+                )
+                for task in tasks:
+                    task.state, task.owner, task.taken_key, task.event_at = READY, None, None, None
+                    self._emit(task, "release")
+            if total:
+                self._count(release=total)
+                self._wake()
+            else:
+                self._ensure_exists()
+            return total
+
+        return self._run(work)
+
+    def touch(self, task_id: int, increment: float | None, consumer: str | None = None) -> Task:
+        """Give the task ``consumer`` holds ``increment`` more seconds of ttr and ttl.
+
+        ``None``, 0 or a negative increment returns the task unchanged (no ownership check).
+        """
+        task_id = _check_task_id(task_id)
+        increment = check_seconds(increment, "increment", allow_none=True)
+        consumer = _check_consumer(consumer)
+        if not increment or increment <= 0:
+            return self.peek(task_id)
+        self._beat(consumer)
+
+        def work() -> Task:
+            task = self._owned(task_id, consumer)
+            if not self._has_ttl:
+                raise TubeError(f"{self.type} tube does not support touch")
+            self._tasks().filter(pk=task.pk).update(
+                ttl_at=_Shifted(increment, F("ttl_at")),
+                event_at=_Shifted(increment, F("event_at")),
+                ttr=F("ttr") + increment,
+            )
+            self._count(touch=1)
+            task.refresh_from_db(using=self._using)
+            self._emit(task, "touch")
+            return task
+
+        return self._run(work)
+
+    def peek(self, task_id: int) -> Task:
+        """Return the task as it is now; :class:`NotFound` if there is none."""
+        task_id = _check_task_id(task_id)
+        task = self._row(task_id, lock=False)
+        if task is None:
+            self._ensure_exists()
+            raise NotFound(f"task {task_id} not found")
+        return task
+
+    def bury(self, task_id: int) -> Task:
+        """Bury the task (any state, no ownership needed) and return it."""
+        task_id = _check_task_id(task_id)
+
+        def work() -> Task:
+            task = self._row(task_id, lock=True)
+            if task is None:
+                self._ensure_exists()
+                raise NotFound(f"task {task_id} not found")
+            if task.state == BURIED:
+                return task
+            self._tasks().filter(pk=task.pk).update(state=BURIED, owner=None, taken_key=None, event_at=None)
+            self._count(bury=1)
+            task.state, task.owner, task.taken_key, task.event_at = BURIED, None, None, None
+            if self._is_utube:
+                self._wake()  # its sub-queue may be free now
+            self._emit(task, "bury")
+            return task
+
+        return self._run(work)
+
+    def kick(self, count: int = 1) -> int:
+        """Return up to ``count`` buried tasks to ready, best first; return how many."""
+        count = check_count(count, "count")
+        if count == 0:
+            self._ensure_exists()
+            return 0
+
+        def work() -> int:
+            self._ensure_exists()
+            alive = Q(ttl_at__isnull=True) | Q(ttl_at__gt=engine.DbNow())
+            rows = self._tasks().filter(alive, state=BURIED).order_by(*self._order())
+            tasks = list(rows.select_for_update(skip_locked=engine.features(self._using).skip_locked)[:count])
+            if not tasks:
+                return 0
+            self._tasks().filter(pk__in=[t.pk for t in tasks]).update(state=READY)
+            self._count(kick=len(tasks))
+            for task in tasks:
+                task.state = READY
+                self._emit(task, "kick")
+            self._wake()
+            return len(tasks)
+
+        return self._run(work)
+
+    def delete_task(self, task_id: int) -> Task:
+        """Remove the task (any state, no ownership needed); return it with state ``"-"``."""
+        task_id = _check_task_id(task_id)
+
+        def work() -> Task:
+            task = self._row(task_id, lock=True)
+            if task is None:
+                self._ensure_exists()
+                raise NotFound(f"task {task_id} not found")
+            self._tasks().filter(pk=task.pk)._raw_delete(self._using)
+            self._count(delete=1, done=1)
+            if task.state == TAKEN and self._is_utube:
+                self._wake()
+            task.state, task.owner, task.taken_key = DONE, None, None
+            self._emit(task, "delete")
+            return task
+
+        return self._run(work)
+
+    def truncate(self) -> int:
+        """Remove every task (taken ones too, with their ownership); return how many."""
+        self.tidy(stale=False)
+
+        def work() -> int:
+            self._ensure_exists()
+            return self._tasks()._raw_delete(self._using)
+
+        return self._run(work)
+
+    def drop(self) -> bool:
+        """Remove the tube, its tasks and its counters; refuse while tasks are taken or
+        consumers wait."""
+        self.tidy()
+
+        def work() -> bool:
+            if Tube.objects.using(self._using).select_for_update().filter(pk=self.pk).first() is None:
+                raise self._gone()
+            if self._tasks().filter(state=TAKEN).exists():
+                raise TubeError(f"there are taken tasks in tube {self.name!r}")
+            if TubeWaiter.objects.using(self._using).waiting(self.pk).exists():
+                raise TubeError(f"there are consumers waiting on tube {self.name!r}")
+            self._tasks()._raw_delete(self._using)
+            TubeStat.objects.using(self._using).filter(tube_id=self.pk)._raw_delete(self._using)
+            TubeWaiter.objects.using(self._using).filter(tube_id=self.pk)._raw_delete(self._using)
+            Tube.objects.using(self._using).filter(pk=self.pk)._raw_delete(self._using)
+            return True
+
+        self._run(work)
+        _callbacks.pop((self._using, self.pk), None)
+        return True
+
+    def statistics(self) -> dict[str, dict[str, int]]:
+        """Return Tarantool's statistics: ``{"tasks": {...}, "calls": {...}}``."""
+        self.tidy()
+        by_state = dict(
+            self._tasks().order_by().values("state").annotate(n=Count("pk")).values_list("state", "n")
+        )
+        columns = [*(_COLUMN[name] for name in CALLS), "done"]
+        sums = (
+            TubeStat.objects.using(self._using)
+            .filter(tube_id=self.pk)
+            .aggregate(**{column: Sum(column) for column in columns})
+        )
+        tasks = {
+            "taken": by_state.get(TAKEN, 0),
+            "buried": by_state.get(BURIED, 0),
+            "ready": by_state.get(READY, 0),
+            "delayed": by_state.get(DELAYED, 0),
+            "done": int(sums["done"] or 0),
+        }
+        tasks["total"] = tasks["taken"] + tasks["buried"] + tasks["ready"] + tasks["delayed"]
+        calls = {name: int(sums[_COLUMN[name]] or 0) for name in CALLS}
+        return {"tasks": tasks, "calls": calls}
+
+    def on_task_change(
+        self, callback: Callable[[Task, str], Any] | None
+    ) -> Callable[[Task, str], Any] | None:
+        """Call ``callback(task, event)`` after each committed change made by this process;
+        return the previous callback. ``None`` clears it."""
+        if callback is not None and not callable(callback):
+            raise TypeError("callback must be callable or None")
+        key = (self._using, self.pk)
+        previous = _callbacks.get(key)
+        if callback is None:
+            _callbacks.pop(key, None)
+        else:
+            _callbacks[key] = callback
+        return previous
+
+
+class Task(models.Model):
+    """A task of a tube: ``state`` is ``"r"`` ready, ``"t"`` taken, ``"!"`` buried, ``"~"`` delayed
+    (``"-"`` done, on the objects that ack and delete_task return)."""
+
+    STATES = [(READY, "ready"), (TAKEN, "taken"), (DONE, "done"), (BURIED, "buried"), (DELAYED, "delayed")]
+
+    id = models.BigAutoField(primary_key=True)
+    # No separate index: every composite index below starts with the tube.
+    tube = models.ForeignKey(Tube, on_delete=models.CASCADE, related_name="tasks", db_index=False)
+    state = models.CharField(max_length=1, choices=STATES, default=READY)
+    pri = models.IntegerField(default=0)
+    utube = models.CharField(max_length=255, null=True, blank=True)
+    #: The consumer holding the task (taken tasks only).
+    owner = models.CharField(max_length=255, null=True, blank=True)
+    #: Set only while a utube task is taken; unique per tube, so a sub-queue can never have two
+    #: taken tasks, whatever the isolation level or the race.
+    taken_key = models.CharField(max_length=256, null=True, blank=True, editable=False)
+    #: When the task expires (ttl drivers; NULL: never).
+    ttl_at = models.DateTimeField(null=True, blank=True)
+    #: The next timer: when a delayed task becomes ready, or a taken one's ttr runs out.
+    event_at = models.DateTimeField(null=True, blank=True)
+    #: Time to run of a take (seconds; NULL: infinite).
+    ttr = models.FloatField(null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    data = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        app_label = "django_taskloop"
+        db_table = "taskloop_task"
+        indexes = [
+            # The claim order of every driver: (pri, id) for fifottl/utubettl, and id for
+            # fifo/utube whose tasks all have pri 0; also kick's order.
+            models.Index(fields=["tube", "state", "pri", "id"], name="taskloop_task_claim"),
+            # Due timers: delayed and taken tasks by event_at.
+            models.Index(fields=["tube", "state", "event_at"], name="taskloop_task_event"),
+            models.Index(fields=["tube", "ttl_at"], name="taskloop_task_ttl"),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["tube", "taken_key"], name="taskloop_task_utube_taken"),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.pk} ({self.state})"
+
+
+class TubeStat(models.Model):
+    """One counter slot of a tube; ``statistics()`` sums a tube's slots."""
+
+    tube = models.ForeignKey(Tube, on_delete=models.CASCADE, related_name="+", db_index=False)
+    slot = models.PositiveSmallIntegerField()
+    ack = models.BigIntegerField(default=0)
+    bury = models.BigIntegerField(default=0)
+    deleted = models.BigIntegerField(default=0)
+    kick = models.BigIntegerField(default=0)
+    put = models.BigIntegerField(default=0)
+    release = models.BigIntegerField(default=0)
+    take = models.BigIntegerField(default=0)
+    touch = models.BigIntegerField(default=0)
+    ttl = models.BigIntegerField(default=0)
+    ttr = models.BigIntegerField(default=0)
+    delay = models.BigIntegerField(default=0)
+    done = models.BigIntegerField(default=0)
+
+    class Meta:
+        app_label = "django_taskloop"
+        db_table = "taskloop_tube_stat"
+        constraints = [models.UniqueConstraint(fields=["tube", "slot"], name="taskloop_tube_stat_slot")]
+
+    def __str__(self) -> str:
+        return f"counters of tube {self.tube_id}, slot {self.slot}"
+
+
+class ConsumerQuerySet(models.QuerySet["Consumer"]):
+    def dead(self) -> ConsumerQuerySet:
+        """Consumers whose last heartbeat is older than ``CONSUMER_TIMEOUT``."""
+        return self.filter(last_seen__lt=engine.DbNow(-float(setting("CONSUMER_TIMEOUT"))))
+
+    def beat(self, name: str) -> None:
+        """Record a heartbeat of consumer ``name`` (database time)."""
+        if self.filter(name=name).update(last_seen=engine.DbNow()):
+            return
+        try:
+            with transaction.atomic(using=self.db):
+                self.create(name=name, last_seen=engine.DbNow())
+        except IntegrityError:
+            self.filter(name=name).update(last_seen=engine.DbNow())
+
+    def forget_dead(self) -> int:
+        """Delete dead consumers that hold no task; return how many."""
+        holding = Task.objects.using(self.db).filter(state=TAKEN, owner=OuterRef("name"))
+        return self.dead().filter(~Exists(holding)).delete()[0]
+
+
+class Consumer(models.Model):
+    """A tube consumer's heartbeat: its taken tasks go back to ready once it stops beating."""
+
+    name = models.CharField(max_length=255, unique=True)
+    last_seen = models.DateTimeField(db_index=False)
+
+    objects = ConsumerQuerySet.as_manager()
+
+    class Meta:
+        app_label = "django_taskloop"
+        db_table = "taskloop_consumer"
+        indexes = [models.Index(fields=["last_seen"], name="taskloop_consumer_seen")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class _Registration:
+    """A waiting take's row in :class:`TubeWaiter`, refreshed while it waits."""
+
+    #: Seconds a registration lasts without refresh: a crashed waiter blocks drop this long.
+    LEASE = 30.0
+
+    def __init__(self, row: TubeWaiter, timeout: float | None, using: str) -> None:
+        self.row, self.using = row, using
+        self.end = None if timeout is None else time.monotonic() + timeout
+        self.refreshed = time.monotonic()
+
+    def _lease(self) -> float:
+        left = self.LEASE if self.end is None else self.end - time.monotonic()
+        return max(0.001, min(self.LEASE, left))
+
+    def refresh(self) -> None:
+        if time.monotonic() - self.refreshed > self.LEASE / 3:
+            self.refreshed = time.monotonic()
+            TubeWaiter.objects.using(self.using).filter(pk=self.row.pk).update(
+                until=engine.DbNow(self._lease())
+            )
+
+    def close(self) -> None:
+        TubeWaiter.objects.using(self.using).filter(pk=self.row.pk)._raw_delete(self.using)
+
+
+class TubeWaiterQuerySet(models.QuerySet["TubeWaiter"]):
+    def register(self, tube: Tube, consumer: str, timeout: float | None) -> _Registration:
+        registration = _Registration(None, timeout, self.db)  # type: ignore[arg-type]
+        registration.row = self.create(
+            tube_id=tube.pk, consumer=consumer, until=engine.DbNow(registration._lease())
+        )
+        return registration
+
+    def waiting(self, tube_id: int) -> TubeWaiterQuerySet:
+        return self.filter(tube_id=tube_id, until__gt=engine.DbNow())
+
+
+class TubeWaiter(models.Model):
+    """A consumer blocked in ``take(timeout)``; ``drop()`` refuses while there are any."""
+
+    tube = models.ForeignKey(Tube, on_delete=models.CASCADE, related_name="+", db_index=False)
+    consumer = models.CharField(max_length=255)
+    until = models.DateTimeField()
+
+    objects = TubeWaiterQuerySet.as_manager()
+
+    class Meta:
+        app_label = "django_taskloop"
+        db_table = "taskloop_tube_waiter"
+        indexes = [models.Index(fields=["tube", "until"], name="taskloop_tube_waiter_until")]
+
+    def __str__(self) -> str:
+        return f"{self.consumer} waiting on tube {self.tube_id}"
