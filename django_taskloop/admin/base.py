@@ -11,6 +11,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html
 
 from ..engine import db_now
@@ -77,6 +78,15 @@ class TaskloopAdminMixin:
         from django.db import router
 
         return router.db_for_read(self.model)
+
+    def url_name(self, view: str) -> str:
+        """Return the URL name of this model's admin ``view`` (``changelist``, ``stats``…)."""
+        return f"{self.opts.app_label}_{self.opts.model_name}_{view}"  # type: ignore[attr-defined]
+
+    def admin_url(self, view: str, *args: Any) -> str:
+        """Reverse this model's admin ``view`` on this admin site."""
+        site = self.admin_site.name  # type: ignore[attr-defined]
+        return reverse(f"admin:{self.url_name(view)}", args=args, current_app=site)
 
     def get_taskloop_links(self, request: HttpRequest) -> list[tuple[str, str]]:
         """Return ``(label, url)`` pairs shown above the change list (stats, dashboard)."""
