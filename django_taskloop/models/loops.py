@@ -1,3 +1,449 @@
-"""Placeholder: filled in by the loops facade."""
+"""Task loops (doloop): keep a set of ids refreshed forever.
 
-__all__: list[str] = []
+One model is one loop. Workers ``claim`` the most overdue ids, which locks them for
+``lock_for`` seconds, do their work, and mark them ``did`` (done: back of the queue) or
+``unlock`` them (keep their place). ``bump`` makes ids urgent. Every time is the database's.
+
+A row is in one of four states:
+
+* **new**: ``lock_until`` and ``last_updated`` are NULL;
+* **idle**: ``lock_until`` is NULL, ``last_updated`` is set;
+* **locked**: ``lock_until`` is in the future;
+* **bumped** (this includes expired locks): ``lock_until`` is now or in the past.
+
+``claim`` takes bumped rows first (oldest ``lock_until`` first, then ``last_updated`` with
+never-updated first, then id), then new rows (by id), then idle rows not updated for
+``min_loop_time`` seconds (longest idle first, then id). Locked rows are never claimed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Self, TypeVar
+
+from django.core.exceptions import ValidationError
+from django.db import connections, models, transaction
+from django.db.models import Count, F, Max, Min, Q
+from django.db.models.base import ModelBase
+from django.db.models.constants import OnConflict
+from django.db.models.sql import InsertQuery
+
+from .. import engine
+from ..validation import as_id_list, check_count, check_seconds
+
+__all__ = ["TaskLoop", "TaskLoopManager", "TaskLoopQuerySet"]
+
+T = TypeVar("T")
+
+ONE_HOUR = 3600
+
+# The claim order of all three claim groups. ``lock_until`` is constant (NULL) within the
+# groups of unlocked rows, so putting it first changes no result, but it lets PostgreSQL see
+# that the claim index already delivers rows in this order (it does not treat ``IS NULL`` as
+# an equality when matching sort orders). NULLs first on ``last_updated``: never-updated
+# rows go before updated ones, as in doloop (MySQL's default, spelled out for PostgreSQL).
+CLAIM_ORDER = ("lock_until", F("last_updated").asc(nulls_first=True), "pk")
+
+
+class TaskLoopIndex(models.Index):
+    """The index behind the claim order: ``(lock_until, last_updated NULLS FIRST, id)``.
+
+    On databases that sort NULLs last by default (PostgreSQL), ``last_updated`` is indexed
+    ``NULLS FIRST`` so that the index matches :data:`CLAIM_ORDER` exactly. Plain column
+    indexes everywhere else: MariaDB has no functional indexes, and SQLite and MySQL already
+    sort NULLs first.
+    """
+
+    def create_sql(
+        self, model: type[models.Model], schema_editor: Any, using: str = "", **kwargs: Any
+    ) -> Any:
+        if schema_editor.connection.features.order_by_nulls_first:
+            return super().create_sql(model, schema_editor, using=using, **kwargs)
+        fields = [model._meta.get_field(name) for name, _ in self.fields_orders]
+        return schema_editor._create_index_sql(
+            model,
+            fields=fields,
+            name=self.name,
+            using=using,
+            db_tablespace=self.db_tablespace,
+            col_suffixes=["NULLS FIRST" if field.name == "last_updated" else "" for field in fields],
+            **kwargs,
+        )
+
+
+class TaskLoopBase(ModelBase):
+    """Metaclass of :class:`TaskLoop`: its default ``id`` yields to a subclass's own key,
+    and every concrete loop gets the claim index, whatever its ``Meta`` says.
+    """
+
+    def __new__(mcs, name: str, bases: tuple[type, ...], attrs: dict[str, Any], **kwargs: Any) -> Any:
+        # Like Django's automatic primary key: the default big integer ``id`` is only added when
+        # the loop declares no primary key of its own (e.g. a OneToOneField to what it loops over).
+        if "id" not in attrs and any(
+            isinstance(value, models.Field) and value.primary_key for value in attrs.values()
+        ):
+            attrs = {**attrs, "id": None}
+        cls = super().__new__(mcs, name, bases, attrs, **kwargs)
+        opts = cls._meta
+        if not opts.abstract and not opts.proxy and opts.get_field("lock_until").model is cls:
+            # Added here rather than in TaskLoop.Meta.indexes: a subclass that writes its own
+            # ``class Meta`` without inheriting TaskLoop.Meta would silently lose it.
+            fields = ["lock_until", "last_updated", opts.pk.name]
+            if not any(list(index.fields) == fields for index in opts.indexes):
+                index = TaskLoopIndex(fields=fields)
+                index.set_name_with_model(cls)
+                opts.indexes = [*opts.indexes, index]
+        return cls
+
+
+class TaskLoopQuerySet(models.QuerySet):
+    """doloop's verbs. Those that read or change existing rows honour the queryset's filters."""
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _refuse_sliced(self, verb: str) -> None:
+        if self.query.is_sliced:
+            raise TypeError(f"{verb}() cannot be used on a sliced queryset")
+
+    def _ids(self, id_or_ids: Any) -> list[Any]:
+        """Return the ids as the primary key's Python type, unique, sorted where possible."""
+        pk = self.model._meta.pk
+        target = pk.target_field if pk.is_relation else pk
+        ids: dict[Any, None] = {}
+        for value in as_id_list(id_or_ids, "id_or_ids"):
+            try:
+                value = target.to_python(value)
+                target.run_validators(value)
+            except ValidationError as error:
+                raise ValueError(
+                    f"id_or_ids: {value!r} is not a valid id of {self.model._meta.label}: {'; '.join(error.messages)}"
+                ) from None
+            ids.setdefault(value, None)
+        result = list(ids)
+        try:
+            # The same order in every transaction keeps concurrent writers from deadlocking.
+            result.sort()
+        except TypeError:
+            pass
+        return result
+
+    def _run(self, work: Callable[[], T], dry_run: bool) -> T:
+        """Run ``work()`` in one write transaction; roll it back when ``dry_run``."""
+        if dry_run:
+            with engine.write_transaction(self.model, self.db):
+                result = work()
+                transaction.set_rollback(True, using=self.db)
+            return result
+        return engine.run_in_transaction(self.model, self.db, work)
+
+    def _batches(self, ids: list[Any], per_row: int = 1) -> Iterable[list[Any]]:
+        return engine.batched(ids, self.db, per_row=per_row)  # type: ignore[return-value]
+
+    def _insert(self, ids: list[Any], *, updated: bool = False) -> int:
+        """Insert the ids that are not in the loop yet; return how many were new."""
+        model = self.model
+        using = self.db
+        opts = model._meta
+        pk = opts.pk
+        connection = connections[using]
+        fields = list(opts.local_concrete_fields)
+        new = 0
+        for batch in self._batches(ids, per_row=len(fields) + 1):
+            if pk.is_relation:
+                # An id must exist in the table the loop's key points to. MySQL's INSERT IGNORE
+                # would skip a missing one while PostgreSQL and SQLite fail at commit: skip it
+                # everywhere, as doloop's users expect of ids that no longer exist.
+                known = set(
+                    pk.remote_field.model._base_manager.using(using)
+                    .filter(**{f"{pk.target_field.attname}__in": batch})
+                    .values_list(pk.target_field.attname, flat=True)
+                )
+                batch = [value for value in batch if value in known]
+                if not batch:
+                    continue
+            extra = {"last_updated": engine.DbNow()} if updated else {}
+            objs = [model(**{pk.attname: value}, **extra) for value in batch]
+            # bulk_create(ignore_conflicts=True) does not say how many rows were new; the
+            # statement's row count does (INSERT IGNORE / ON CONFLICT DO NOTHING / OR IGNORE).
+            query = InsertQuery(model, on_conflict=OnConflict.IGNORE)
+            query.insert_values(fields, objs)
+            with connection.cursor() as cursor:
+                for sql, params in query.get_compiler(using=using).as_sql():
+                    cursor.execute(sql, params)
+                    new += max(cursor.rowcount, 0)
+        return new
+
+    def _update(self, ids: list[Any], *, auto_add: bool, condition: Q | None = None, **changes: Any) -> int:
+        """Optionally add missing ids, then update the matching rows; return the rows matched."""
+        if auto_add:
+            self._insert(ids)
+        matched = 0
+        for batch in self._batches(ids):
+            queryset = self.filter(pk__in=batch)
+            if condition is not None:
+                queryset = queryset.filter(condition)
+            # Django's MySQL backend sets CLIENT.FOUND_ROWS: the count is rows matched on every
+            # database, not rows whose values changed.
+            matched += queryset.update(**changes)
+        return matched
+
+    # -- verbs ---------------------------------------------------------------------------
+
+    def add(self, id_or_ids: Any, updated: bool = False, dry_run: bool = False) -> int:
+        """Add ids to the loop and return how many were new.
+
+        Ids already in the loop are left alone. With ``updated``, new ids start as done now
+        (at the back of the queue) rather than never updated (at the front).
+        """
+        ids = self._ids(id_or_ids)
+        if not ids:
+            return 0
+        return self._run(lambda: self._insert(ids, updated=bool(updated)), bool(dry_run))
+
+    def remove(self, id_or_ids: Any, dry_run: bool = False) -> int:
+        """Remove ids from the loop and return how many were removed."""
+        ids = self._ids(id_or_ids)
+        self._refuse_sliced("remove")
+        if not ids:
+            return 0
+        label = self.model._meta.label
+
+        def work() -> int:
+            removed = 0
+            for batch in self._batches(ids):
+                removed += self.filter(pk__in=batch).order_by().delete()[1].get(label, 0)
+            return removed
+
+        return self._run(work, bool(dry_run))
+
+    def claim(
+        self, limit: int, lock_for: float = ONE_HOUR, min_loop_time: float = ONE_HOUR, dry_run: bool = False
+    ) -> list[Any]:
+        """Lock up to ``limit`` ids for ``lock_for`` seconds and return them, most overdue first.
+
+        First rows whose lock expired or that were bumped (by ``lock_until``, then
+        ``last_updated`` with never-updated first, then id), then never-updated rows (by id),
+        then rows not updated for at least ``min_loop_time`` seconds (by ``last_updated``, then
+        id). Locked rows are skipped; two workers never get the same id at the same time.
+        """
+        # doloop's order of checks: lock_for, min_loop_time, then limit.
+        lock_for = check_seconds(lock_for, "lock_for", positive=True)
+        min_loop_time = check_seconds(min_loop_time, "min_loop_time")
+        limit = check_count(limit, "limit")
+        self._refuse_sliced("claim")
+        if limit == 0:
+            return []
+        if dry_run:
+            return self._run(lambda: self._claim(limit, lock_for, min_loop_time), True)
+        # Not wrapped in a transaction: engine.claim keeps its candidate read outside one and
+        # retries deadlocks only when it runs the outermost transaction itself.
+        return self._claim(limit, lock_for, min_loop_time)
+
+    def _claim_groups(self, min_loop_time: float = ONE_HOUR) -> list[Q]:
+        """Return what is claimable, as one condition per claim group, best group first.
+
+        Each group is one index range of the claim index in :data:`CLAIM_ORDER`, so a claim
+        reads only the rows it hands out, however large the loop and however idle.
+        """
+        return [
+            # Bumped, or locked by a claim that has expired.
+            Q(lock_until__lte=engine.DbNow()),
+            # Never updated.
+            Q(lock_until__isnull=True, last_updated__isnull=True),
+            # Idle for at least min_loop_time.
+            Q(lock_until__isnull=True, last_updated__lte=engine.DbNow(-min_loop_time)),
+        ]
+
+    def _claim(self, limit: int, lock_for: float, min_loop_time: float) -> list[Any]:
+        queryset = self.order_by()
+        changes = {"lock_until": engine.DbNow(lock_for)}
+        # engine.claim reads 2 x the limit as candidates and re-checks them with an IN list:
+        # keep each call within what one statement may bind.
+        most = max(1, engine.features(self.db).max_params // 4)
+        claimed: dict[Any, None] = {}
+        for claimable in self._claim_groups(min_loop_time):
+            while len(claimed) < limit:
+                want = min(limit - len(claimed), most)
+                got = engine.claim(
+                    queryset, limit=want, claimable=claimable, order_by=CLAIM_ORDER, changes=changes
+                )
+                claimed.update(dict.fromkeys(got))
+                if len(got) < want:
+                    break
+        return list(claimed)
+
+    def did(self, id_or_ids: Any, auto_add: bool = True, dry_run: bool = False) -> int:
+        """Mark ids as done now and unlock them; return the number of rows updated.
+
+        With ``auto_add``, ids not in the loop are added first (and counted).
+        """
+        ids = self._ids(id_or_ids)
+        self._refuse_sliced("did")
+        if not ids:
+            return 0
+        return self._run(
+            lambda: self._update(ids, auto_add=bool(auto_add), last_updated=engine.DbNow(), lock_until=None),
+            bool(dry_run),
+        )
+
+    def unlock(self, id_or_ids: Any, auto_add: bool = True, dry_run: bool = False) -> int:
+        """Unlock ids without marking them done; return the number of rows updated.
+
+        The ids keep their place in the queue. With ``auto_add``, missing ids are added first.
+        """
+        ids = self._ids(id_or_ids)
+        self._refuse_sliced("unlock")
+        if not ids:
+            return 0
+        return self._run(lambda: self._update(ids, auto_add=bool(auto_add), lock_until=None), bool(dry_run))
+
+    def bump(self, id_or_ids: Any, lock_for: float = 0, auto_add: bool = True, dry_run: bool = False) -> int:
+        """Make ids claimable ``lock_for`` seconds from now, ahead of everything else.
+
+        A bump only ever brings ``lock_until`` forward (or sets it on an unlocked id), so
+        repeated bumps cannot postpone an id. A negative ``lock_for`` ranks the id as if it had
+        been bumped that many seconds ago. Bumping an id a worker holds with ``lock_for <= 0``
+        lets another worker claim it at once. Return the number of ids bumped.
+        """
+        lock_for = check_seconds(lock_for, "lock_for")
+        ids = self._ids(id_or_ids)
+        self._refuse_sliced("bump")
+        if not ids:
+            return 0
+        deadline = engine.DbNow(lock_for)
+        return self._run(
+            lambda: self._update(
+                ids,
+                auto_add=bool(auto_add),
+                condition=Q(lock_until__isnull=True) | Q(lock_until__gt=deadline),
+                lock_until=deadline,
+            ),
+            bool(dry_run),
+        )
+
+    def status(self, id_or_ids: Any) -> dict[Any, tuple[float | None, float | None]]:
+        """Return ``{id: (since_updated, locked_for)}`` for the ids that are in the loop.
+
+        ``since_updated`` is the number of seconds since the id was last done (``None`` if
+        never); ``locked_for`` the seconds until its lock ends: positive while locked, zero
+        or negative once bumped or expired, ``None`` when unlocked.
+        """
+        ids = self._ids(id_or_ids)
+        self._refuse_sliced("status")
+        result: dict[Any, tuple[float | None, float | None]] = {}
+        for batch in self._batches(ids):
+            rows = (
+                self.filter(pk__in=batch)
+                .order_by()
+                .annotate(taskloop_now=engine.DbNow())
+                .values_list("pk", "last_updated", "lock_until", "taskloop_now")
+            )
+            for pk, last_updated, lock_until, now in rows:
+                result[pk] = (
+                    None if last_updated is None else (now - last_updated).total_seconds(),
+                    None if lock_until is None else (lock_until - now).total_seconds(),
+                )
+        return result
+
+    def stats(self) -> dict[str, Any]:
+        """Return doloop's ten statistics of the loop (or of this queryset's rows).
+
+        ``locked`` and ``bumped`` count rows; ``min_id``/``max_id`` are ``None`` when there are
+        no rows; the ``*_time`` values are float seconds, ``0.0`` when nothing is measured:
+        ``min/max_lock_time`` until locks end, ``min/max_bump_time`` since bumps or expiries,
+        ``min/max_update_time`` since ids were last done (never-done ids are left out).
+        """
+        self._refuse_sliced("stats")
+        using = self.db
+        queryset = self.order_by()
+        summary = {
+            "count": Count("pk"),
+            "min_updated": Min("last_updated"),
+            "max_updated": Max("last_updated"),
+            "min_lock": Min("lock_until"),
+            "max_lock": Max("lock_until"),
+        }
+        with transaction.atomic(using=using):
+            # One clock reading for every figure, as doloop does.
+            now = engine.db_now(using)
+            ids = queryset.values_list("pk", flat=True)
+            min_id = ids.order_by("pk").first()
+            max_id = ids.order_by("-pk").first()
+            # Locked and bumped rows are few (about workers x batch size): aggregate them.
+            locked = queryset.filter(lock_until__gt=now).aggregate(**summary)
+            bumped = queryset.filter(lock_until__lte=now).aggregate(**summary)
+            # Idle rows are most of the loop: read both ends of the claim index instead.
+            idle = queryset.filter(lock_until__isnull=True, last_updated__isnull=False).values_list(
+                "last_updated", flat=True
+            )
+            idle_oldest = idle.order_by(F("last_updated").asc(nulls_first=True)).first()
+            idle_newest = idle.order_by(F("last_updated").desc(nulls_last=True)).first()
+
+        def since(value: Any) -> float:
+            return 0.0 if value is None else float((now - value).total_seconds())
+
+        def until(value: Any) -> float:
+            return 0.0 if value is None else float((value - now).total_seconds())
+
+        updated = [
+            value
+            for value in (
+                locked["min_updated"],
+                locked["max_updated"],
+                bumped["min_updated"],
+                bumped["max_updated"],
+                idle_oldest,
+                idle_newest,
+            )
+            if value is not None
+        ]
+        return {
+            "locked": locked["count"],
+            "bumped": bumped["count"],
+            "min_id": min_id,
+            "max_id": max_id,
+            "min_lock_time": until(locked["min_lock"]),
+            "max_lock_time": until(locked["max_lock"]),
+            "min_bump_time": since(bumped["max_lock"]),
+            "max_bump_time": since(bumped["min_lock"]),
+            "min_update_time": since(max(updated) if updated else None),
+            "max_update_time": since(min(updated) if updated else None),
+        }
+
+    def locked(self) -> Self:
+        """Rows under a lock that has not ended."""
+        return self.filter(lock_until__gt=engine.DbNow())
+
+    def bumped(self) -> Self:
+        """Rows bumped or whose lock has ended: first in line."""
+        return self.filter(lock_until__lte=engine.DbNow())
+
+
+class TaskLoopManager(models.Manager.from_queryset(TaskLoopQuerySet)):  # type: ignore[misc]
+    """Manager of :class:`TaskLoop` models: ``add``, ``remove``, ``claim``, ``did``,
+    ``unlock``, ``bump``, ``status`` and ``stats``."""
+
+
+class TaskLoop(models.Model, metaclass=TaskLoopBase):
+    """Abstract model of a task loop: one row per id to keep refreshed.
+
+    The primary key is the id: a big integer by default. Declare another primary key to loop
+    over strings, UUIDs, or the rows of another model::
+
+        class FeedLoop(TaskLoop):
+            feed = models.OneToOneField(Feed, primary_key=True, on_delete=models.CASCADE)
+    """
+
+    id = models.BigIntegerField(primary_key=True)
+    #: When the id was last done (``did``); NULL if never.
+    last_updated = models.DateTimeField(null=True, blank=True, editable=False)
+    #: NULL: not locked. Future: locked until then. Now or past: bumped or lock expired.
+    lock_until = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = TaskLoopManager()
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return str(self.pk)
