@@ -16,6 +16,7 @@ from django.db import router
 
 from . import engine
 from .conf import setting
+from .exceptions import NotFound
 
 __all__ = ["reap", "format_report"]
 
@@ -37,7 +38,7 @@ def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
     "results": {"django-tasks": counts}}``. ``using`` picks a database alias; by default each
     model's routed alias for writes.
     """
-    from .models import Job, JobBoard, TaskRecord, TaskRecordStatus, Tube
+    from .models import Consumer, Job, JobBoard, TaskRecord, TaskRecordStatus, Tube
 
     report: dict[str, dict[str, dict[str, int]]] = {"loops": {}, "boards": {}, "tubes": {}, "results": {}}
 
@@ -59,15 +60,15 @@ def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
             report["boards"].setdefault("(history)", {})["pruned"] = pruned
 
     for alias in _aliases(Tube, using):
-        tubes = Tube.objects.db_manager(alias)
-        reap_tubes = getattr(tubes, "reap", None)
-        if reap_tubes is not None:
-            for name, counts in sorted((reap_tubes() or {}).items()):
-                report["tubes"][name] = dict(counts)
-        else:
-            # Without a reap verb, reading the statistics applies the time transitions.
-            for name in sorted(tubes.statistics()):
-                report["tubes"][name] = {}
+        for tube in Tube.objects.db_manager(alias).order_by("name"):
+            try:
+                # delay/ttr/ttl transitions, and the tasks of dead consumers back to ready.
+                report["tubes"][tube.name] = dict(tube.tidy(stale=True))
+            except NotFound:
+                continue  # dropped while we looked
+        forgotten = Consumer.objects.using(alias).forget_dead()
+        if forgotten:
+            report["tubes"].setdefault("(consumers)", {})["dead_forgotten"] = forgotten
 
     for alias in _aliases(TaskRecord, using):
         retention = float(setting("RESULT_RETENTION"))

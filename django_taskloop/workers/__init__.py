@@ -50,8 +50,8 @@ class Handler:
     target: Any
     #: Most items claimed at once.
     batch: int = 100
-    #: Lease taken on each item: the loop's ``lock_for``, the job claim's expiry, the
-    #: increment used to touch ttl tubes' tasks.
+    #: Lease taken on each item: the loop's ``lock_for``, the job claim's expiry, the tube's
+    #: ttr (which the heartbeat keeps from running out).
     lease: float = 600.0
     #: Loops only: seconds before a done id comes round again (doloop's ``min_loop_time``).
     min_loop_time: float = 3600.0
@@ -123,14 +123,13 @@ def tube(
     type: str = "fifottl",  # noqa: A002  (the spelling of create_tube's argument)
     ttl: float | None = None,
     ttr: float | None = None,
-    touch: float = 60,
 ) -> Callable[[Callable[[Any], Any]], Handler]:
     """Register the decorated function to be called with each task taken from tube ``name``.
 
     The tube is created (``type``, ``ttl``, ``ttr``) when the worker starts if it does not
     exist; the default type, ``fifottl``, is the one whose ``release(delay=…)`` lets a failed
-    task wait before its retry. ``touch`` is how far each heartbeat pushes a taken task's ttr/ttl deadline on the
-    ttl tube types.
+    task wait before its retry. While the handler runs, the worker touches the task so that its
+    ttr does not run out (ttl types) and beats as the task's consumer.
     """
     name = _check_name(name, "name")
     batch = check_count(batch, "batch", minimum=1)
@@ -138,7 +137,6 @@ def tube(
         raise ValueError(f"type must be 'fifo', 'fifottl', 'utube' or 'utubettl', not {type!r}")
     ttl = check_seconds(ttl, "ttl", allow_none=True, positive=True)
     ttr = check_seconds(ttr, "ttr", allow_none=True, positive=True)
-    touch = check_seconds(touch, "touch", positive=True)
     create: dict[str, Any] = {"type": type}
     if ttl is not None:
         create["ttl"] = ttl
@@ -146,7 +144,9 @@ def tube(
         create["ttr"] = ttr
 
     def decorate(func: Callable[[Any], Any]) -> Handler:
-        return _register(Handler("tube", name, func, name, batch=batch, lease=touch, create=create))
+        return _register(
+            Handler("tube", name, func, name, batch=batch, lease=ttr or ttl or 60.0, create=create)
+        )
 
     return decorate
 

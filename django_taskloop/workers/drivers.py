@@ -146,21 +146,14 @@ class TubeDriver(Driver):
         return str(self.tube.type).endswith("ttl")
 
     def claim(self, limit: int) -> list[Any]:
-        if limit > 1 and hasattr(self.tube, "take_many"):
-            return list(self.tube.take_many(limit, consumer=self.identity))
-        task = self.tube.take(0, consumer=self.identity)
-        return [task] if task is not None else []
+        return self.tube.take_many(limit, consumer=self.identity)
 
     def key(self, item: Any) -> Any:
         return item.id
 
     def done(self, items: Sequence[Any]) -> None:
         ids = [task.id for task in items]
-        if hasattr(self.tube, "ack_many"):
-            self.tube.ack_many(ids, consumer=self.identity)
-        else:
-            for task_id in ids:
-                self.tube.ack(task_id, consumer=self.identity)
+        self.tube.ack_many(ids, consumer=self.identity)
         self._forget(ids)
 
     def failed(self, item: Any, error: BaseException) -> str:
@@ -177,29 +170,31 @@ class TubeDriver(Driver):
         return f"retry in {delay:g}s (attempt {attempts})"
 
     def give_back(self, items: Sequence[Any]) -> None:
-        for task in items:
-            try:
-                self.tube.release(task.id, consumer=self.identity)
-            except (NotTaken, NotFound):
-                pass  # its ttr ran out meanwhile, or someone deleted it: not ours to give
+        # Tasks whose ttr ran out meanwhile, or that someone deleted, are not ours to give:
+        # release_many skips them.
+        if items:
+            self.tube.release_many([task.id for task in items], consumer=self.identity)
 
     def renew(self, items: Sequence[Any]) -> None:
         # Only the ttl types have a ttr deadline to push; fifo/utube tasks stay taken as long
         # as their consumer beats (touch there is a TubeError).
         if not self._ttl_type():
             return
+        # touch() adds its increment to the deadline: adding the time between two beats at
+        # each beat keeps the deadline as far ahead as the claim put it, no further, so a
+        # task of a worker that dies comes back a ttr after its last beat.
+        increment = self.beat_every
         for task in items:
             try:
-                self.tube.touch(task.id, self.handler.lease, consumer=self.identity)
+                self.tube.touch(task.id, increment, consumer=self.identity)
             except (NotTaken, NotFound):
                 pass  # acked or released by the main thread a moment ago
 
     def beat(self) -> None:
-        from ..models import Tube
+        from ..models import Consumer
 
-        heartbeat = getattr(Tube.objects, "heartbeat", None)
-        if heartbeat is not None:
-            heartbeat(self.identity)
+        # A consumer that stops beating for CONSUMER_TIMEOUT is dead: its tasks go back.
+        Consumer.objects.using(self.tube._state.db).beat(self.identity)
 
 
 class BoardDriver(Driver):

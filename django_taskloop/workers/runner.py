@@ -226,10 +226,16 @@ class Worker:
 
     def _heartbeat(self, stop: threading.Event) -> None:
         """Renew the leases of the work in hand and record that this worker is alive."""
-        every = min((driver.beat_every for driver in self.drivers), default=10.0)
+        due = {driver: 0.0 for driver in self.drivers}
         try:
             while True:
                 for driver in self.drivers:
+                    now = time.monotonic()
+                    if now < due[driver]:
+                        continue
+                    # Each driver beats at its own pace: a ttr tube's touch increment is its
+                    # interval, so beating it more often would push its deadline ever further.
+                    due[driver] = now + driver.beat_every
                     with self.inflight_lock:
                         held = list(self.inflight.get(driver, ()))
                     try:
@@ -240,7 +246,8 @@ class Worker:
                         logger.exception(
                             "heartbeat of %s %s failed", driver.handler.kind, driver.handler.name
                         )
-                if stop.wait(every):
+                pause = min(due.values(), default=time.monotonic() + 10.0) - time.monotonic()
+                if stop.wait(max(0.01, pause)):
                     return
         finally:
             connections.close_all()

@@ -1,7 +1,7 @@
 """Settings of the demo project. ``DATABASE_URL`` picks the database (default: a SQLite file).
 
-    DATABASE_URL=mysql://root@127.0.0.1:3306/test
-    DATABASE_URL=postgres:///test
+DATABASE_URL=mysql://root@127.0.0.1:3306/test
+DATABASE_URL=postgres:///test
 """
 
 import os
@@ -90,5 +90,25 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"django_taskloop": {"handlers": ["console"], "level": os.environ.get("TASKLOOP_LOG", "INFO")}},
+    "loggers": {
+        "django_taskloop": {"handlers": ["console"], "level": os.environ.get("TASKLOOP_LOG", "INFO")}
+    },
+}
+
+# Django Tasks (Django 6's django.tasks; on Django 5.2 the django-tasks backport app): tasks
+# wait in tubes named "tasks.<queue>" and run in `manage.py workers`.
+try:
+    import django.tasks  # noqa: F401
+except ImportError:
+    try:
+        import django_tasks  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        INSTALLED_APPS.append("django_tasks")
+TASKS = {
+    "default": {
+        "BACKEND": "django_taskloop.backends.TaskloopBackend",
+        "QUEUES": ["default", "slow"],
+    }
 }

@@ -1,0 +1,275 @@
+"""``manage.py workers`` (SPEC §5): real worker subprocesses on the test database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+
+import pytest
+from django.core.management import call_command
+
+from django_taskloop.models import JobBoard, Tube
+from django_taskloop.workers import Handler, board, get_handlers, loop, registry, tube
+from tests.testapp.models import WorkerLoop, WorkLog
+
+from .workers_util import run_workers, start_workers, stop, wait_until
+
+FAST = '{"RETRY_BACKOFF": 0.3, "MAX_ATTEMPTS": 3, "GRACE_PERIOD": 20, "HEARTBEAT_INTERVAL": 0.5}'
+
+
+def ends(kind: str) -> Counter[str]:
+    return Counter(WorkLog.objects.filter(kind=kind, phase="end").values_list("key", flat=True))
+
+
+# Registry (no database). -------------------------------------------------------------------
+
+
+def test_decorators_register_handlers_found_by_autodiscovery():
+    handlers = {h.name: h for h in get_handlers()}
+    assert handlers["w-drain"].kind == "tube"
+    assert handlers["w-board"].kind == "board"
+    assert handlers["testapp.workerloop"].kind == "loop"
+    assert handlers["testapp.workerloop"].target is WorkerLoop
+    assert handlers["testapp.workerloop"].batch == 10
+    # The Tasks backend's queues are served too.
+    assert handlers["tasks.default"].kind == "tube"
+    assert [h.name for h in get_handlers(["w-board", "w-drain"])] == ["w-board", "w-drain"]
+    # The decorated name still calls the function.
+    assert isinstance(registry["w-fail"], Handler)
+
+
+def test_decorators_validate_arguments():
+    with pytest.raises(ValueError, match="unknown handler"):
+        get_handlers(["nope"])
+    with pytest.raises(TypeError, match="name"):
+        tube(3)
+    with pytest.raises(ValueError, match="name"):
+        board("has space")
+    with pytest.raises(ValueError, match="type"):
+        tube("t", type="lifo")
+    with pytest.raises(TypeError, match="batch"):
+        tube("t", batch=True)
+    with pytest.raises(ValueError, match="lock_for"):
+        loop(WorkerLoop, lock_for=0)
+    with pytest.raises(TypeError, match="model"):
+        loop(WorkLog)
+    with pytest.raises(ValueError, match="already registered"):
+        tube("w-drain")(lambda task: None)
+
+
+def test_command_rejects_bad_options():
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="processes"):
+        call_command("workers", processes=0)
+    with pytest.raises(CommandError, match="unknown handler"):
+        call_command("workers", only=["nope"], burst=True)
+
+
+# Real worker processes. --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_burst_drains_a_tube_a_board_and_a_loop():
+    drain = Tube.objects.create_tube("w-drain", "fifottl")
+    task_ids = [drain.put({"n": i}).id for i in range(120)]
+    builds = JobBoard.objects.create_board("w-board")
+    jobs = [builds.post(f"job-{i}", {"n": i}).uuid for i in range(7)]
+    WorkerLoop.objects.add(range(1, 26))
+
+    done = run_workers(
+        "--burst",
+        "--processes",
+        "2",
+        "--only",
+        "w-drain",
+        "--only",
+        "w-board",
+        "--only",
+        "testapp.workerloop",
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert ends("drain") == Counter({str(i): 1 for i in task_ids})
+    assert ends("board") == Counter(jobs)
+    assert ends("loop") == Counter({str(i): 1 for i in range(1, 26)})
+    stats = drain.statistics()
+    assert stats["tasks"]["total"] == 0
+    assert stats["tasks"]["done"] == 120
+    assert stats["calls"]["ack"] == 120
+    assert builds.job_count == 0
+    assert WorkerLoop.objects.filter(last_updated__isnull=True).count() == 0
+    assert WorkerLoop.objects.filter(lock_until__isnull=False).count() == 0
+    # Two processes shared the work, and said what they did.
+    assert len(set(WorkLog.objects.values_list("pid", flat=True))) >= 1
+    assert "summary w-drain" in done.stderr
+    assert "tube w-drain: 50 claimed, 50 done" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_burst_with_nothing_to_do_exits_at_once():
+    Tube.objects.create_tube("w-drain", "fifottl")
+    started = time.monotonic()
+    done = run_workers("--burst", "--only", "w-drain")
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 30
+    assert "summary w-drain: 0 done" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_failing_tube_task_is_retried_with_growing_delays_then_buried():
+    failing = Tube.objects.create_tube("w-fail", "fifottl")
+    task = failing.put({"x": 1})
+    worker = start_workers(
+        "--only", "w-fail", DJANGO_SETTINGS_MODULE="tests.workers_settings", TASKLOOP_OVERRIDES=FAST
+    )
+    try:
+        wait_until(lambda: failing.statistics()["tasks"]["buried"] == 1, timeout=60)
+    finally:
+        output = stop(worker)
+    assert worker.returncode == 0, output
+    tries = list(
+        WorkLog.objects.filter(kind="fail", key=str(task.id)).order_by("at").values_list("at", flat=True)
+    )
+    assert len(tries) == 3  # MAX_ATTEMPTS
+    gaps = [b - a for a, b in zip(tries, tries[1:], strict=False)]
+    assert gaps[0] >= 0.25  # RETRY_BACKOFF
+    assert gaps[1] >= 0.55  # doubled
+    assert gaps[1] > gaps[0]
+    assert failing.peek(task.id).state == "!"
+    assert "retry in 0.3s" in output
+    assert "buried after 3 attempts" in output
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_failing_job_is_abandoned_then_trashed_and_failing_loop_id_backs_off():
+    builds = JobBoard.objects.create_board("w-board")
+    job = builds.post("bad", {"fail": True})
+    good = builds.post("good", {})
+    WorkerLoop.objects.add([-1, 1])
+    worker = start_workers(
+        "--only",
+        "w-board",
+        "--only",
+        "testapp.workerloop",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
+    try:
+        wait_until(lambda: WorkLog.objects.filter(kind="board", key=job.uuid).count() >= 3, timeout=60)
+        wait_until(lambda: job.state == "COMPLETE", timeout=30)
+        wait_until(lambda: WorkLog.objects.filter(kind="loop", key="-1").count() >= 3, timeout=60)
+    finally:
+        output = stop(worker)
+    assert worker.returncode == 0, output
+    job.refresh_from_db()
+    assert job.trashed
+    assert WorkLog.objects.filter(kind="board", key=job.uuid).count() == 3
+    assert ends("board")[good.uuid] == 1
+    assert "trashed after 3 attempts" in output
+    # The loop id never gives up, but waits longer each time; the good one ran once.
+    tries = list(WorkLog.objects.filter(kind="loop", key="-1").order_by("at").values_list("at", flat=True))
+    assert tries[1] - tries[0] >= 0.25
+    assert tries[2] - tries[1] >= 0.55
+    assert ends("loop")["1"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_sigterm_lets_work_in_hand_finish_nothing_lost_nothing_twice():
+    slow = Tube.objects.create_tube("w-slow", "fifottl", ttr=2)
+    ids = [slow.put({"sleep": 0.4}).id for _ in range(9)]
+    worker = start_workers(
+        "--only", "w-slow", DJANGO_SETTINGS_MODULE="tests.workers_settings", TASKLOOP_OVERRIDES=FAST
+    )
+    try:
+        wait_until(lambda: WorkLog.objects.filter(kind="slow", phase="start").exists(), timeout=60)
+        worker.send_signal(signal.SIGTERM)
+        output = stop(worker, timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, output
+    assert "finishing work in hand" in output
+    first = ends("slow")
+    assert first, output
+    # Everything started was finished; what was not started went back to ready.
+    assert set(WorkLog.objects.filter(kind="slow", phase="start").values_list("key", flat=True)) == set(first)
+    assert slow.statistics()["tasks"]["taken"] == 0
+    again = run_workers("--burst", "--only", "w-slow")
+    assert again.returncode == 0, again.stderr
+    assert ends("slow") == Counter({str(i): 1 for i in ids})
+    assert slow.statistics()["tasks"]["total"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_second_signal_gives_everything_back_at_once():
+    slow = Tube.objects.create_tube("w-slow", "fifottl", ttr=2)
+    task = slow.put({"sleep": 60})
+    worker = start_workers(
+        "--only", "w-slow", DJANGO_SETTINGS_MODULE="tests.workers_settings", TASKLOOP_OVERRIDES=FAST
+    )
+    try:
+        wait_until(lambda: WorkLog.objects.filter(kind="slow", phase="start").exists(), timeout=60)
+        started = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        worker.send_signal(signal.SIGTERM)
+        output = stop(worker, timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert time.monotonic() - started < 15
+    assert worker.returncode == 0, output
+    assert "giving everything back now" in output
+    assert "1 given back" in output
+    assert slow.peek(task.id).state == "r"
+    assert not ends("slow")
+
+
+def children_of(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_kill_9_of_a_worker_holding_tasks_runs_them_again_and_acks_each_once():
+    slow = Tube.objects.create_tube("w-slow", "fifottl", ttr=2)
+    ids = [slow.put({"sleep": 0.5}).id for _ in range(8)]
+    supervisor = start_workers(
+        "--only",
+        "w-slow",
+        "--processes",
+        "2",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
+    try:
+        first = wait_until(lambda: WorkLog.objects.filter(kind="slow", phase="start").first(), timeout=60)
+        assert first.pid in children_of(supervisor.pid)
+        os.kill(first.pid, signal.SIGKILL)
+        # The victim's tasks come back once their ttr (2 s) runs out; the supervisor starts
+        # a new child in the victim's place.
+        wait_until(lambda: slow.statistics()["tasks"]["total"] == 0, timeout=90)
+        assert len(children_of(supervisor.pid)) == 2
+    finally:
+        output = stop(supervisor)
+    assert supervisor.returncode == 0, output
+    assert "died with status -9; restarting it" in output
+    stats = slow.statistics()
+    assert stats["tasks"]["done"] == 8
+    assert stats["calls"]["ack"] == 8  # each acknowledged exactly once
+    assert stats["calls"]["ttr"] >= 1  # ... after the victim's lease ran out
+    finished = ends("slow")
+    assert set(finished) == {str(i) for i in ids}
+    # Only what the victim held may have run twice.
+    victim = set(WorkLog.objects.filter(kind="slow", pid=first.pid).values_list("key", flat=True))
+    assert {key for key, n in finished.items() if n > 1} <= victim

@@ -1,0 +1,52 @@
+"""Handlers of the worker tests; each logs what it runs in ``WorkLog``."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from django_taskloop.workers import board, loop, tube
+
+from .models import WorkerLoop, WorkLog
+
+
+def log(kind: str, key: Any, phase: str = "end") -> None:
+    WorkLog.objects.create(kind=kind, key=str(key), phase=phase, pid=os.getpid(), at=time.time())
+
+
+@tube("w-drain", batch=50)
+def drain(task: Any) -> None:
+    log("drain", task.id)
+
+
+@tube("w-noop", batch=100)
+def noop(task: Any) -> None:
+    """Nothing at all: the throughput measurement."""
+
+
+@tube("w-fail", batch=5)
+def fail(task: Any) -> None:
+    log("fail", task.id)
+    raise RuntimeError(f"task {task.id} fails on purpose")
+
+
+@tube("w-slow", batch=3, ttr=2)
+def slow(task: Any) -> None:
+    log("slow", task.id, "start")
+    time.sleep(task.data["sleep"])
+    log("slow", task.id)
+
+
+@board("w-board", expiry=30)
+def build(job: Any) -> None:
+    log("board", job.uuid)
+    if job.details.get("fail"):
+        raise RuntimeError(f"job {job.name} fails on purpose")
+
+
+@loop(WorkerLoop, batch=10, lock_for=30)
+def visit(item_id: int) -> None:
+    log("loop", item_id)
+    if item_id < 0:
+        raise RuntimeError(f"id {item_id} fails on purpose")

@@ -1,0 +1,116 @@
+"""Helpers for the worker tests: run ``manage.py workers`` as a real subprocess on the test
+database, and the Django Tasks that the backend tests enqueue (module level, so that a worker
+process can import them)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from django.db import connections
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the django-tasks backport
+    from django_tasks import task
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Return the environment of a subprocess that uses the current test database."""
+    settings = connections["default"].settings_dict
+    vendor = connections["default"].vendor
+    name = settings["NAME"]
+    if vendor == "sqlite":
+        url = f"sqlite:///{name}"
+    else:
+        scheme = {"mysql": "mysql", "postgresql": "postgres"}[vendor]
+        user = settings.get("USER") or ""
+        password = f":{settings['PASSWORD']}" if settings.get("PASSWORD") else ""
+        at = "@" if user else ""
+        host = settings.get("HOST") or ""
+        port = f":{settings['PORT']}" if settings.get("PORT") else ""
+        url = f"{scheme}://{user}{password}{at}{host}{port}/{name}"
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "testproject")]),
+        "TASKLOOP_LOG": "INFO",
+    }
+    env.update(extra)
+    return env
+
+
+def workers_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "django", "workers", *args]
+
+
+def run_workers(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``manage.py workers *args`` to completion (use ``--burst``) and return the result."""
+    connections.close_all()
+    return subprocess.run(
+        workers_command(*args),
+        env=child_env(**env),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start_workers(*args: str, **env: str) -> subprocess.Popen[str]:
+    """Start ``manage.py workers *args`` in the background; stop it with :func:`stop`."""
+    connections.close_all()
+    return subprocess.Popen(
+        workers_command(*args),
+        env=child_env(**env),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def stop(process: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 60) -> str:
+    """Send ``sig`` and return everything the process wrote once it has exited."""
+    if process.poll() is None:
+        process.send_signal(sig)
+    output, _ = process.communicate(timeout=timeout)
+    return output
+
+
+def wait_until(predicate: Any, timeout: float = 30, every: float = 0.05) -> Any:
+    """Poll ``predicate()`` until it is truthy; return its value (fail after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+        time.sleep(every)
+
+
+# Django Tasks run by the worker in the backend tests. ----------------------------------------
+
+
+@task()
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(queue_name="slow", priority=10)
+def explode(message: str) -> None:
+    raise RuntimeError(message)
+
+
+@task(takes_context=True)
+def attempt_of(context: Any) -> dict[str, Any]:
+    return {"attempt": context.attempt, "id": context.task_result.id}
