@@ -394,11 +394,13 @@ class Tube(models.Model):
         if now - _beats.get(key, -math.inf) < _BEAT_EVERY:
             return
         Consumer.objects.using(self._using).beat(consumer)
-        _beats[key] = now
+        # Remember the beat only once it is durable: a rolled-back beat must be written again.
+        transaction.on_commit(lambda: _beats.__setitem__(key, now), using=self._using)
 
     def _due(self) -> Q:
-        """Rows with a time transition due now (a delay or ttr ran out, or a ttl expired)."""
+        """Rows with a transition due now (a delay, ttr or ttl ran out, or the holder died)."""
         due = Q(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow())
+        due |= Q(state=TAKEN, owner__in=Consumer.objects.using(self._using).dead().values("name"))
         return due | Q(state__in=[READY, BURIED], ttl_at__lte=engine.DbNow())
 
     def _row(self, task_id: int, *, lock: bool) -> Task | None:

@@ -1,0 +1,847 @@
+"""Tubes (SPEC §3, §6): Tarantool's queue drivers fifo, fifottl, utube and utubettl."""
+
+from __future__ import annotations
+
+import math
+import statistics as pystats
+import threading
+import time
+
+import pytest
+from django.db import connection, connections, transaction
+
+from django_taskloop.exceptions import NotFound, NotTaken, TaskloopError, TubeError
+from django_taskloop.models import Task, Tube
+from django_taskloop.models import tubes as tubes_module
+from django_taskloop.models.tubes import Consumer, TubeStat, default_consumer
+from tests.conftest import race
+
+pytestmark = pytest.mark.django_db
+
+ALL = ["fifo", "fifottl", "utube", "utubettl"]
+TTL = ["fifottl", "utubettl"]
+PLAIN = ["fifo", "utube"]
+
+
+@pytest.fixture(autouse=True)
+def _forget_callbacks():
+    yield
+    tubes_module._callbacks.clear()
+    tubes_module._beats.clear()
+    tubes_module._stale_checks.clear()
+
+
+def make(type: str = "fifo", name: str = "q", **kw) -> Tube:
+    return Tube.objects.create_tube(name, type, **kw)
+
+
+def ids(tasks) -> list[int]:
+    return [t.pk for t in tasks]
+
+
+def calls(tube: Tube) -> dict[str, int]:
+    return {k: v for k, v in tube.statistics()["calls"].items() if v}
+
+
+# -- create_tube ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type", ALL)
+def test_create_tube_and_if_not_exists_rules(type):
+    tube = make(type, "emails.v1-x_y", ttl=60, ttr=5, pri=3)
+    assert (tube.name, tube.type, tube.ttl, tube.ttr, tube.pri) == ("emails.v1-x_y", type, 60.0, 5.0, 3)
+    with pytest.raises(TubeError):
+        make(type, "emails.v1-x_y")
+    assert Tube.objects.create_tube("emails.v1-x_y", type, if_not_exists=True).pk == tube.pk
+    other = "fifo" if type != "fifo" else "utube"
+    with pytest.raises(TubeError):
+        Tube.objects.create_tube("emails.v1-x_y", other, if_not_exists=True)
+    assert Tube.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, word",
+    [
+        ((5, "fifo"), {}, TypeError, "name"),
+        (("", "fifo"), {}, ValueError, "name"),
+        (("a" * 101, "fifo"), {}, ValueError, "name"),
+        (("sp ace", "fifo"), {}, ValueError, "name"),
+        (("é", "fifo"), {}, ValueError, "name"),
+        (("q", "lifo"), {}, ValueError, "type"),
+        (("q", None), {}, TypeError, "type"),
+        (("q", "fifo"), {"if_not_exists": 1}, TypeError, "if_not_exists"),
+        (("q", "fifo"), {"ttl": "5"}, TypeError, "ttl"),
+        (("q", "fifo"), {"ttl": 0}, ValueError, "ttl"),
+        (("q", "fifottl"), {"ttr": math.nan}, ValueError, "ttr"),
+        (("q", "fifottl"), {"pri": 1.5}, TypeError, "pri"),
+        (("q", "fifottl"), {"on_task_change": 3}, TypeError, "on_task_change"),
+    ],
+)
+def test_create_tube_validates_before_writing(args, kwargs, error, word):
+    with pytest.raises(error, match=word):
+        Tube.objects.create_tube(*args, **kwargs)
+    assert not Tube.objects.exists()
+
+
+# -- put / take / ack ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type", ALL)
+def test_put_take_ack_in_order(type):
+    tube = make(type)
+    put = [tube.put({"n": i}) for i in range(3)]
+    assert [t.state for t in put] == ["r"] * 3
+    assert put[0].pk < put[1].pk < put[2].pk
+    first = tube.take()
+    assert (first.pk, first.state, first.data) == (put[0].pk, "t", {"n": 0})
+    if type in ("utube", "utubettl"):
+        # All three share the key-less sub-queue: one at a time.
+        assert tube.take(consumer="other") is None
+    done = tube.ack(first.pk)
+    assert (done.pk, done.state, done.data) == (put[0].pk, "-", {"n": 0})
+    second = tube.take()
+    assert second.pk == put[1].pk
+    tube.ack(second)
+    assert tube.take().pk == put[2].pk
+    assert tube.take() is None
+    with pytest.raises(NotFound):
+        tube.peek(put[0].pk)
+
+
+@pytest.mark.parametrize("type", ALL)
+def test_ids_are_never_reused(type):
+    tube = make(type)
+    a = tube.put(1)
+    tube.ack(tube.take())
+    b = tube.put(2)
+    assert b.pk > a.pk
+
+
+@pytest.mark.parametrize("type", TTL)
+def test_priorities_lower_first_then_id(type):
+    tube = make(type, pri=5)
+    t1 = tube.put("a")  # tube default pri 5
+    t2 = tube.put("b", pri=1, utube="x")
+    t3 = tube.put("c", pri=1, utube="y")
+    t4 = tube.put("d", pri=9, utube="z")
+    assert (t1.pri, t2.pri, t4.pri) == (5, 1, 9)
+    assert ids([tube.take(), tube.take(), tube.take(), tube.take()]) == [t2.pk, t3.pk, t1.pk, t4.pk]
+
+
+@pytest.mark.parametrize("type", PLAIN)
+def test_plain_drivers_ignore_ttl_options_but_check_them(type):
+    tube = make(type, ttl=1, ttr=1, pri=4)
+    a = tube.put("a", pri=9, ttl=0.01, ttr=0.01, delay=10)
+    b = tube.put("b", pri=-9)
+    assert (a.state, a.pri, a.ttl_at, a.event_at) == ("r", 0, None, None)
+    assert tube.take().pk == a.pk
+    with pytest.raises(TypeError, match="delay"):
+        tube.put("c", delay="1")
+    with pytest.raises(TypeError, match="pri"):
+        tube.put("c", pri=1.0)
+    assert Task.objects.count() == 2
+    assert b.pri == 0
+
+
+def test_utubettl_priority_beats_insertion_order_within_a_sub_queue():
+    tube = make("utubettl")
+    tube.put("a-pri5", pri=5, utube="a")
+    b = tube.put("b-pri1", pri=1, utube="b")
+    a0 = tube.put("a-pri0", pri=0, utube="a")
+    assert tube.take().pk == a0.pk
+    assert tube.take().pk == b.pk
+    assert tube.take() is None
+
+
+# -- release -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type", ALL)
+def test_release_without_delay_is_taken_again_first(type):
+    tube = make(type)
+    a, b = tube.put("a"), tube.put("b")
+    taken = tube.take()
+    released = tube.release(taken.pk)
+    assert (released.pk, released.state, released.owner) == (a.pk, "r", None)
+    assert tube.take().pk == a.pk
+    assert b.pk > a.pk
+
+
+@pytest.mark.parametrize("type", TTL)
+def test_release_with_delay_delays_and_extends_ttl(type):
+    tube = make(type, ttl=50, ttr=20)
+    task = tube.put("x")
+    tube.take()
+    released = tube.release(task.pk, delay=0.3)
+    assert released.state == "~"
+    # The delay extends the lifetime.
+    assert 0.25 < (released.ttl_at - task.ttl_at).total_seconds() < 2
+    assert tube.take() is None
+    assert tube.peek(task.pk).state == "~"
+    time.sleep(0.5)
+    assert tube.peek(task.pk).state == "r"
+    assert tube.take().pk == task.pk
+    assert calls(tube) == {"put": 1, "take": 2, "release": 1, "delay": 1}
+
+
+@pytest.mark.parametrize("type", PLAIN)
+def test_release_delay_is_ignored_on_plain_drivers(type):
+    tube = make(type)
+    task = tube.put("x")
+    tube.take()
+    assert tube.release(task.pk, delay=10).state == "r"
+    assert tube.take().pk == task.pk
+
+
+# -- bury / kick / delete / peek -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("type", ALL)
+def test_bury_and_kick_order_and_counts(type):
+    tube = make(type)
+    tasks = [tube.put(i, pri=10 - i, utube=str(i)) for i in range(4)]
+    taken = tube.take(consumer="me")
+    buried = [tube.bury(t.pk) for t in tasks]
+    assert [t.state for t in buried] == ["!"] * 4
+    assert tube.bury(tasks[0].pk).state == "!"  # no change, no count
+    # bury by anyone revokes the owner's claim
+    with pytest.raises(NotTaken):
+        tube.ack(taken.pk, consumer="me")
+    with pytest.raises(ValueError, match="count"):
+        tube.kick(-1)
+    with pytest.raises(TypeError, match="count"):
+        tube.kick(True)
+    with pytest.raises(TypeError, match="count"):
+        tube.kick(1.0)
+    assert tube.kick(0) == 0
+    assert tube.kick() == 1
+    assert tube.kick(2) == 2
+    assert tube.kick(10) == 1
+    assert tube.kick(10) == 0
+    order = ids([tube.take(consumer=f"c{i}") for i in range(4)])
+    if type in TTL:
+        assert order == [t.pk for t in reversed(tasks)]  # pri 7, 8, 9, 10
+    else:
+        assert order == ids(tasks)
+    stats = tube.statistics()
+    assert stats["calls"]["bury"] == 4
+    assert stats["calls"]["kick"] == 4
+    assert stats["tasks"]["taken"] == 4
+
+
+@pytest.mark.parametrize("type", ALL)
+def test_delete_task_in_any_state(type):
+    tube = make(type)
+    a, b, c = tube.put("a"), tube.put("b", utube="k"), tube.put("c")
+    tube.take(consumer="me")
+    tube.bury(c.pk)
+    for task, data in ((a, "a"), (b, "b"), (c, "c")):
+        gone = tube.delete_task(task.pk)
+        assert (gone.pk, gone.state, gone.data) == (task.pk, "-", data)
+    with pytest.raises(NotFound):
+        tube.delete_task(a.pk)
+    with pytest.raises(NotTaken):
+        tube.ack(a.pk, consumer="me")
+    stats = tube.statistics()
+    assert stats["tasks"] == {"taken": 0, "buried": 0, "ready": 0, "delayed": 0, "done": 3, "total": 0}
+    assert stats["calls"]["delete"] == 3
+
+
+@pytest.mark.parametrize("type", ALL)
+def test_peek_shows_the_task_as_it_is(type):
+    tube = make(type)
+    task = tube.put([1, "two"], utube=7)
+    assert task.utube == ("7" if type in ("utube", "utubettl") else None)
+    seen = tube.peek(task.pk)
+    assert (seen.state, seen.data, seen.tube_id) == ("r", [1, "two"], tube.pk)
+    tube.take()
+    assert tube.peek(task).state == "t"
+    with pytest.raises(NotFound):
+        tube.peek(task.pk + 1000)
+    with pytest.raises(TypeError, match="task_id"):
+        tube.peek("1")
+
+
+# -- touch ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type", ALL)
+def test_touch_rules(type):
+    tube = make(type, ttl=100, ttr=10)
+    task = tube.put("x")
+    for nothing in (None, 0, -5):
+        assert tube.touch(task.pk, nothing, consumer="nobody").state == "r"
+    with pytest.raises(NotTaken):
+        tube.touch(task.pk, 1, consumer="nobody")
+    taken = tube.take(consumer="me")
+    with pytest.raises(NotTaken):
+        tube.touch(task.pk, 1, consumer="other")
+    with pytest.raises(TypeError, match="increment"):
+        tube.touch(task.pk, "1", consumer="me")
+    if type in PLAIN:
+        with pytest.raises(TubeError):
+            tube.touch(task.pk, 1, consumer="me")
+        return
+    touched = tube.touch(task.pk, 5, consumer="me")
+    assert touched.state == "t"
+    assert touched.ttr == 15.0
+    assert 4.9 < (touched.event_at - taken.event_at).total_seconds() < 5.1
+    assert 4.9 < (touched.ttl_at - taken.ttl_at).total_seconds() < 5.1
+    assert tube.statistics()["calls"]["touch"] == 1
+
+
+# -- time: ttl, ttr, delay -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type", TTL)
+def test_ttl_removes_ready_buried_and_taken_tasks(type):
+    tube = make(type)
+    ready = tube.put("r", ttl=0.3, utube="a")
+    buried = tube.bury(tube.put("b", ttl=0.3, utube="b").pk)
+    taken = tube.put("t", ttl=0.3, utube="c")
+    long = tube.put("long", utube="d")
+    tube.take(consumer="me")  # ready, ttr defaults to infinite: the ttl bounds the take
+    got = tube.take(consumer="me")
+    assert got.pk == taken.pk and buried.state == "!"
+    time.sleep(0.5)
+    for task in (ready, buried, taken):
+        with pytest.raises(NotFound):
+            tube.peek(task.pk)
+    with pytest.raises(NotTaken):
+        tube.ack(taken.pk, consumer="me")
+    assert tube.take(consumer="me").pk == long.pk
+    stats = tube.statistics()
+    assert stats["calls"]["ttl"] == 3
+    assert stats["calls"]["delete"] == 3
+    assert stats["calls"]["ttr"] == 2  # the two taken ones went back to ready first
+    assert stats["tasks"]["done"] == 3
+    assert stats["tasks"]["total"] == 1
+
+
+@pytest.mark.parametrize("type", TTL)
+def test_ttr_returns_a_taken_task_to_ready(type):
+    tube = make(type, ttr=0.3)
+    task = tube.put("x", ttl=60)  # a per-put ttl does not change the default ttr
+    taken = tube.take(consumer="slow")
+    assert taken.ttr == 0.3
+    assert tube.take(consumer="other") is None
+    time.sleep(0.5)
+    assert tube.peek(task.pk).state == "r"
+    with pytest.raises(NotTaken):
+        tube.ack(task.pk, consumer="slow")
+    assert tube.take(consumer="other").pk == task.pk
+    assert tube.ack(task.pk, consumer="other").state == "-"
+    assert tube.statistics()["calls"]["ttr"] == 1
+
+
+def test_default_ttr_follows_tube_ttr_then_tube_ttl():
+    assert make("fifottl", "a").put(1, ttl=5).ttr is None
+    assert make("fifottl", "b", ttl=7).put(1).ttr == 7.0
+    assert make("fifottl", "c", ttl=7, ttr=3).put(1).ttr == 3.0
+    assert make("fifottl", "d", ttl=7, ttr=3).put(1, ttr=9).ttr == 9.0
+
+
+@pytest.mark.parametrize("type", TTL)
+def test_delay_then_ready_and_delay_extends_ttl(type):
+    tube = make(type)
+    task = tube.put("x", delay=0.3, ttl=0.4)
+    assert task.state == "~"
+    assert tube.take() is None
+    assert tube.statistics()["tasks"]["delayed"] == 1
+    time.sleep(0.45)
+    # The delay ran out and the ttl (0.4 s, counted from the end of the delay) has not.
+    got = tube.take()
+    assert got is not None and got.pk == task.pk
+    assert calls(tube) == {"put": 1, "take": 1, "delay": 1}
+    assert tube.put("y", delay=-1).state == "r"
+
+
+# -- utube ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type", ["utube", "utubettl"])
+def test_utube_one_taken_task_per_sub_queue_and_release_order(type):
+    tube = make(type)
+    a1, a2, b1 = tube.put("a1", utube="a"), tube.put("a2", utube="a"), tube.put("b1", utube="b")
+    n1 = tube.put("n1")
+    n2 = tube.put("n2")
+    assert ids([tube.take(), tube.take(), tube.take()]) == [a1.pk, b1.pk, n1.pk]
+    assert tube.take() is None
+    tube.release(a1.pk)
+    assert tube.take().pk == a1.pk  # released, still first of its sub-queue
+    tube.ack(a1.pk)
+    assert tube.take().pk == a2.pk
+    tube.bury(n1.pk)  # a buried task does not block its sub-queue
+    assert tube.take().pk == n2.pk
+    taken = Task.objects.filter(tube=tube, state="t")
+    assert sorted(taken.values_list("utube", flat=True), key=str) == sorted(["a", "b", None], key=str)
+
+
+@pytest.mark.parametrize("type", ["utube", "utubettl"])
+def test_utube_take_many_takes_one_per_sub_queue(type):
+    tube = make(type)
+    for key in "aabbcc":
+        tube.put(key, utube=key)
+    got = tube.take_many(10, consumer="me")
+    assert sorted(t.utube for t in got) == ["a", "b", "c"]
+    assert tube.take_many(10, consumer="me") == []
+    assert tube.ack_many(ids(got), consumer="me") == 3
+    assert sorted(t.utube for t in tube.take_many(2, consumer="me")) == ["a", "b"]
+
+
+# -- batches -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type", ["fifo", "fifottl"])
+def test_take_many_ack_many_release_many(type):
+    tube = make(type)
+    put = [tube.put(i) for i in range(10)]
+    got = tube.take_many(4, consumer="me")
+    assert ids(got) == ids(put[:4])
+    assert all(t.state == "t" and t.owner == "me" for t in got)
+    assert tube.ack_many([], consumer="me") == 0
+    assert tube.ack_many(ids(got[:2]), consumer="other") == 0
+    assert tube.ack_many([*ids(got[:2]), put[9].pk, got[0].pk], consumer="me") == 2
+    assert tube.release_many(ids(got[2:]), consumer="me") == 2
+    assert ids(tube.take_many(100, consumer="me")) == ids(put[2:])
+    with pytest.raises(ValueError, match="limit"):
+        tube.take_many(0)
+    with pytest.raises(TypeError, match="limit"):
+        tube.take_many(True)
+    stats = tube.statistics()
+    assert stats["calls"]["take"] == 12
+    assert stats["calls"]["ack"] == 2
+    assert stats["calls"]["release"] == 2
+    assert stats["tasks"]["done"] == 2
+
+
+# -- statistics and counters ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type", ALL)
+def test_statistics_after_the_readme_sequence(type):
+    tube = make(type)
+    a, b = tube.put(1), tube.put(2)
+    tube.ack(tube.take().pk)
+    tube.bury(b.pk)
+    tube.kick(1)
+    tube.delete_task(b.pk)
+    stats = tube.statistics()
+    assert stats["tasks"] == {"taken": 0, "buried": 0, "ready": 0, "delayed": 0, "done": 2, "total": 0}
+    assert stats["calls"] == {
+        "ack": 1,
+        "bury": 1,
+        "delete": 1,
+        "kick": 1,
+        "put": 2,
+        "release": 0,
+        "take": 1,
+        "touch": 0,
+        "ttl": 0,
+        "ttr": 0,
+        "delay": 0,
+    }
+    assert Tube.objects.statistics() == {"q": stats}
+    assert a.pk < b.pk
+
+
+def test_counters_are_spread_over_slots_and_survive_a_new_tube_object():
+    tube = make("fifo")
+    tube.put(1)
+    assert TubeStat.objects.filter(tube=tube).count() == tubes_module.SLOTS
+    # Another process's counters live in another row; statistics() sums them.
+    TubeStat.objects.filter(tube=tube).exclude(slot=tubes_module._slot()).filter(slot__lt=3).update(put=10)
+    fresh = Tube.objects.get(pk=tube.pk)
+    assert fresh.statistics()["calls"]["put"] in (21, 31)
+
+
+def test_rolled_back_verbs_leave_no_count_and_truncate_changes_none():
+    tube = make("fifo")
+    with transaction.atomic():
+        tube.put(1)
+        tube.take(0)
+        transaction.set_rollback(True)
+    assert tube.statistics()["calls"]["put"] == 0
+    assert not Task.objects.exists()
+    tube.put(1)
+    tube.put(2)
+    tube.take()
+    before = tube.statistics()["calls"]
+    assert tube.truncate() == 2
+    after = tube.statistics()
+    assert after["calls"] == before
+    assert after["tasks"]["total"] == 0
+
+
+# -- on_task_change ------------------------------------------------------------------------
+
+
+def test_on_task_change_events_after_commit(django_capture_on_commit_callbacks):
+    events = []
+    first = lambda task, event: events.append(("first", task.pk, task.state, event))  # noqa: E731
+    tube = make("fifottl", on_task_change=first)
+    seen = []
+
+    def second(task, event):
+        seen.append((task.pk, task.state, event))
+
+    assert tube.on_task_change(second) is first
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        task = tube.put("x")
+        tube.take()
+        assert seen == []  # not before commit
+    assert len(callbacks) >= 2
+    with django_capture_on_commit_callbacks(execute=True):
+        tube.release(task.pk)
+        tube.bury(task.pk)
+        tube.kick()
+        tube.take()
+        tube.touch(task.pk, 1)
+        tube.ack(task.pk)
+    assert [e for _, _, e in seen] == ["put", "take", "release", "bury", "kick", "take", "touch", "delete"]
+    assert seen[0][1] == "r" and seen[1][1] == "t" and seen[-1][1] == "-"
+    assert events == []
+    assert tube.on_task_change(None) is second
+    assert tube.on_task_change(None) is None
+    with django_capture_on_commit_callbacks(execute=True):
+        tube.put("y")
+    assert len(seen) == 8
+
+
+def test_on_task_change_reports_ttl_as_delete_then_ttl(django_capture_on_commit_callbacks):
+    seen = []
+    tube = make("fifottl", on_task_change=lambda task, event: seen.append((task.state, event)))
+    with django_capture_on_commit_callbacks(execute=True):
+        tube.put("x", ttl=0.2)
+    time.sleep(0.3)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert tube.take() is None
+        tube.statistics()
+    assert seen == [("r", "put"), ("-", "delete"), ("-", "ttl")]
+
+
+def test_on_task_change_not_called_on_rollback(django_capture_on_commit_callbacks):
+    seen = []
+    tube = make("fifo", on_task_change=lambda task, event: seen.append(event))
+    with django_capture_on_commit_callbacks(execute=True):
+        with transaction.atomic():
+            tube.put(1)
+            transaction.set_rollback(True)
+    assert seen == []
+
+
+# -- ownership and errors ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type", ALL)
+def test_ownership_errors(type):
+    tube = make(type)
+    task = tube.put("x")
+    for verb in (tube.ack, tube.release):
+        with pytest.raises(NotTaken):
+            verb(task.pk, consumer="me")  # not taken at all
+        with pytest.raises(NotTaken):
+            verb(task.pk + 999, consumer="me")  # missing id: ownership first
+    tube.take(consumer="me")
+    with pytest.raises(NotTaken):
+        tube.ack(task.pk, consumer="you")
+    with pytest.raises(NotTaken):
+        tube.release(task.pk, consumer="you")
+    with pytest.raises(NotTaken):
+        tube.ack(task.pk)  # the default consumer is someone else too
+    # An explicit consumer is a durable identity: any caller may act under it.
+    assert tube.ack(task.pk, consumer="me").state == "-"
+    for verb in (tube.bury, tube.delete_task):
+        with pytest.raises(NotFound):
+            verb(task.pk)
+
+
+def test_default_consumer_is_host_pid_thread():
+    import os
+    import socket
+
+    assert default_consumer() == f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    tube = make("fifo")
+    task = tube.put(1)
+    assert tube.take().owner == default_consumer()
+    assert tube.ack(task.pk).state == "-"
+
+
+@pytest.mark.parametrize(
+    "verb, args, kwargs, error, word",
+    [
+        ("put", (object(),), {}, TypeError, "data"),
+        ("put", (1,), {"ttl": -1}, ValueError, "ttl"),
+        ("put", (1,), {"ttr": math.inf}, ValueError, "ttr"),
+        ("put", (1,), {"delay": math.nan}, ValueError, "delay"),
+        ("put", (1,), {"delay": "1"}, TypeError, "delay"),
+        ("put", (1,), {"pri": True}, TypeError, "pri"),
+        ("put", (1,), {"utube": "x" * 300}, ValueError, "utube"),
+        ("take", (), {"timeout": math.inf}, ValueError, "timeout"),
+        ("take", (), {"timeout": "1"}, TypeError, "timeout"),
+        ("take", (), {"consumer": 5}, TypeError, "consumer"),
+        ("take", (), {"consumer": ""}, ValueError, "consumer"),
+        ("take_many", (5,), {"consumer": b"x"}, TypeError, "consumer"),
+        ("ack", ("1",), {}, TypeError, "task_id"),
+        ("ack_many", (["1"],), {}, TypeError, "task_id"),
+        ("release", (1,), {"delay": math.nan}, ValueError, "delay"),
+        ("touch", (1, math.inf), {}, ValueError, "increment"),
+        ("bury", (None,), {}, TypeError, "task_id"),
+        ("delete_task", (1.0,), {}, TypeError, "task_id"),
+        ("kick", (-1,), {}, ValueError, "count"),
+    ],
+)
+def test_bad_arguments_raise_and_write_nothing(verb, args, kwargs, error, word):
+    tube = make("fifottl")
+    existing = tube.put("keep")
+    with pytest.raises(error, match=word):
+        getattr(tube, verb)(*args, **kwargs)
+    assert list(Task.objects.values_list("pk", "state")) == [(existing.pk, "r")]
+    assert tube.statistics()["calls"] == {**dict.fromkeys(tubes_module.CALLS, 0), "put": 1}
+    assert not Consumer.objects.exists()
+
+
+def test_take_waiting_inside_a_transaction_is_refused():
+    tube = make("fifo")
+    tube.put(1)
+    with transaction.atomic():
+        with pytest.raises(TaskloopError):
+            tube.take(timeout=1)
+        with pytest.raises(TaskloopError):
+            tube.take(timeout=None)
+        assert tube.take(0).state == "t"
+
+
+def test_negative_timeout_is_one_immediate_try():
+    tube = make("fifo")
+    assert tube.take(timeout=-5) is None
+    tube.put(1)
+    assert tube.take(timeout=-5).state == "t"
+
+
+# -- drop / truncate -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type", ALL)
+def test_drop_refuses_taken_tasks_then_every_verb_is_not_found(type):
+    tube = make(type)
+    task = tube.put(1)
+    tube.put(2, utube="b")
+    tube.take(consumer="me")
+    with pytest.raises(TubeError):
+        tube.drop()
+    assert tube.truncate() == 2  # clears ownership too
+    assert tube.drop() is True
+    assert not Tube.objects.exists()
+    assert not TubeStat.objects.exists()
+    for call in (
+        lambda: tube.put(1),
+        lambda: tube.take(),
+        lambda: tube.take_many(3),
+        lambda: tube.ack(task.pk, consumer="me"),
+        lambda: tube.ack_many([task.pk], consumer="me"),
+        lambda: tube.release(task.pk, consumer="me"),
+        lambda: tube.touch(task.pk, 1, consumer="me"),
+        lambda: tube.peek(task.pk),
+        lambda: tube.bury(task.pk),
+        lambda: tube.kick(),
+        lambda: tube.delete_task(task.pk),
+        lambda: tube.truncate(),
+        lambda: tube.drop(),
+        lambda: tube.statistics(),
+    ):
+        with pytest.raises(NotFound):
+            call()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_drop_refuses_while_a_consumer_waits():
+    tube = make("fifo")
+    result = {}
+
+    def wait():
+        try:
+            result["task"] = Tube.objects.get(pk=tube.pk).take(timeout=1.5, consumer="waiter")
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.5)
+    with pytest.raises(TubeError):
+        tube.drop()
+    thread.join()
+    assert result["task"] is None
+    assert tube.drop() is True
+
+
+# -- dead consumers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type", ALL)
+def test_a_dead_consumers_tasks_go_back_to_ready(type, settings):
+    settings.TASKLOOP = {"CONSUMER_TIMEOUT": 0.3}
+    tube = make(type)
+    task = tube.put("x")
+    tube.take(consumer="dies")
+    assert Consumer.objects.filter(name="dies").exists()
+    assert tube.take(consumer="lives") is None
+    time.sleep(0.5)
+    tubes_module._stale_checks.clear()  # as if a second had passed since this process looked
+    assert tube.peek(task.pk).state == "r"
+    assert tube.take(consumer="lives").pk == task.pk
+    with pytest.raises(NotTaken):
+        tube.ack(task.pk, consumer="dies")
+    assert tube.statistics()["calls"]["release"] == 1
+
+
+def test_reap_applies_every_transition_and_counts_them(settings):
+    settings.TASKLOOP = {"CONSUMER_TIMEOUT": 0.3}
+    fifo, ttl = make("fifo", "a"), make("fifottl", "b")
+    fifo.put(1)
+    fifo.take(consumer="dies")
+    ttl.put("gone", ttl=0.2)
+    ttl.put("later", delay=0.2)
+    ttl.put("run", ttr=0.2)
+    ttl.take(consumer="slow")
+    time.sleep(0.45)
+    assert Tube.objects.reap() == {"delay": 1, "ttr": 1, "ttl": 1, "release": 1, "consumers": 2}
+    assert Tube.objects.reap() == {"delay": 0, "ttr": 0, "ttl": 0, "release": 0, "consumers": 0}
+    assert fifo.statistics()["tasks"]["ready"] == 1
+    assert ttl.statistics()["tasks"]["ready"] == 2
+
+
+# -- the claim is served by an index -------------------------------------------------------
+
+
+@pytest.mark.parametrize("type", ["fifo", "fifottl", "utube"])
+def test_claim_order_is_served_by_the_claim_index(type, vendor):
+    tube = make(type)
+    other = make(type, "other")
+    rows = [
+        Task(tube=t, data=i, pri=(i % 3 if type == "fifottl" else 0))
+        for i in range(1500)
+        for t in (tube, other)
+    ]
+    Task.objects.bulk_create(rows, batch_size=500)
+    Task.objects.filter(pk__in=Task.objects.filter(tube=tube).values("pk")[:200]).update(state="!")
+    queryset = (
+        tube._tasks().filter(tube._claimable()).order_by(*tube._order()).values_list("pk", flat=True)[:10]
+    )
+    with connection.cursor() as cursor:
+        if vendor == "postgresql":
+            cursor.execute("ANALYZE taskloop_task")
+        elif vendor == "mysql":
+            cursor.execute("ANALYZE TABLE taskloop_task")
+            cursor.fetchall()
+        else:
+            cursor.execute("ANALYZE")
+    plan = queryset.explain()
+    print(plan)
+    assert "taskloop_task_claim" in plan
+    if vendor == "postgresql":
+        assert "Sort" not in plan.split("SubPlan")[0].split("Filter")[0]
+    elif vendor == "mysql":
+        first_line = plan.splitlines()[0] if "\n" in plan else plan
+        assert "filesort" not in first_line.lower()
+    else:
+        assert "TEMP B-TREE" not in plan.upper()
+
+
+# -- real processes ------------------------------------------------------------------------
+
+
+def _put_later(tube_id: int, rounds: int) -> list[float]:
+    tube = Tube.objects.get(pk=tube_id)
+    stamps = []
+    for i in range(rounds):
+        time.sleep(0.3)
+        tube.put(i)
+        stamps.append(time.time())
+    return stamps
+
+
+def _take_waiting(tube_id: int, rounds: int) -> list[float]:
+    tube = Tube.objects.get(pk=tube_id)
+    stamps = []
+    for _ in range(rounds):
+        task = tube.take(timeout=5, consumer="waiter")
+        assert task is not None
+        stamps.append(time.time())
+        tube.ack(task.pk, consumer="waiter")
+    return stamps
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_waiting_take_wakes_promptly_on_a_put_in_another_process(vendor):
+    tube = make("fifo")
+    rounds = 6
+    results = race(
+        lambda mode: (_put_later if mode == "put" else _take_waiting)(tube.pk, rounds), [("put",), ("take",)]
+    )
+    puts, takes = sorted(results, key=lambda stamps: stamps[0])
+    latencies = [got - put for put, got in zip(puts, takes, strict=True)]
+    median = pystats.median(latencies)
+    print(
+        f"\n[{vendor}] put -> waiting take: median {median * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms"
+    )
+    assert median < 1.0
+    assert max(latencies) < 2.0
+
+
+def _consume(tube_id: int, worker: int) -> list[tuple[int, str | None, float, float]]:
+    """Take and ack until the tube stays empty; record each hold (pk, utube, took, acking)."""
+    tube = Tube.objects.get(pk=tube_id)
+    consumer = f"w{worker}"
+    held = []
+    empty = 0
+    while empty < 5:
+        if worker % 2:
+            tasks = tube.take_many(8, consumer=consumer)
+        else:
+            task = tube.take(0, consumer=consumer)
+            tasks = [task] if task else []
+        took = time.monotonic()
+        if not tasks:
+            empty += 1
+            time.sleep(0.02)
+            continue
+        empty = 0
+        acking = time.monotonic()
+        if worker % 2:
+            assert tube.ack_many([t.pk for t in tasks], consumer=consumer) == len(tasks)
+        else:
+            assert tube.ack(tasks[0].pk, consumer=consumer).state == "-"
+        held.extend((t.pk, t.utube, took, acking) for t in tasks)
+    return held
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_eight_consumers_ack_every_task_once_and_never_share_a_sub_queue(vendor):
+    tube = make("utube")
+    Task.objects.bulk_create(
+        [Task(tube=tube, data=i, utube=str(i % 40) if i % 41 else None) for i in range(5000)], batch_size=1000
+    )
+    started = time.monotonic()
+    results = race(_consume, [(tube.pk, w) for w in range(8)])
+    elapsed = time.monotonic() - started
+    held = [row for result in results for row in result]
+    print(f"\n[{vendor}] 8 consumers, 5000 utube tasks: {elapsed:.1f} s ({5000 / elapsed:.0f} tasks/s)")
+    assert all(results), "some consumer got nothing"
+    assert len(held) == 5000
+    assert len({pk for pk, *_ in held}) == 5000
+    assert not Task.objects.exists()
+    stats = tube.statistics()
+    assert stats["calls"]["take"] == stats["calls"]["ack"] == stats["tasks"]["done"] == 5000
+    # No sub-queue ever had two taken tasks: per sub-queue, holds never overlap.
+    by_key: dict[str | None, list[tuple[float, float]]] = {}
+    for _pk, key, took, acking in held:
+        by_key.setdefault(key, []).append((took, acking))
+    for key, spans in by_key.items():
+        spans.sort()
+        for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+            assert end <= start, f"sub-queue {key!r} had two taken tasks at once"
+    connections.close_all()
