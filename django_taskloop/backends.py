@@ -24,7 +24,7 @@ try:  # Django 6.0+
     from django.tasks import TaskResult, TaskResultStatus, task_backends
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import TaskContext, TaskError
-    from django.tasks.exceptions import TaskResultDoesNotExist
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
 except ImportError:  # Django 5.2 with the django-tasks backport
@@ -32,6 +32,7 @@ except ImportError:  # Django 5.2 with the django-tasks backport
         from django_tasks import TaskResult, TaskResultStatus, task_backends  # type: ignore[no-redef]
         from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
         from django_tasks.base import TaskContext, TaskError  # type: ignore[no-redef]
+        from django_tasks.exceptions import InvalidTaskError as InvalidTask  # type: ignore[no-redef]
         from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
         from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
         from django_tasks.utils import normalize_json  # type: ignore[no-redef]
@@ -69,7 +70,10 @@ if BaseTaskBackend is not None:
             # The queue name becomes part of a tube name: check it here, at definition time.
             from .workers import _check_name
 
-            _check_name(tube_name(task.queue_name), "queue_name")
+            try:
+                _check_name(tube_name(task.queue_name), "queue_name")
+            except ValueError as error:
+                raise InvalidTask(str(error)) from None
 
         def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
             """Store the call, put it in its queue's tube, and return its ``TaskResult``."""

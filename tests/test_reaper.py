@@ -1,0 +1,136 @@
+"""The reaper (``reap()`` and ``manage.py reap_locks``): what it does and what it reports."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import time
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+
+from django_taskloop.engine import db_now
+from django_taskloop.models import Job, JobBoard, TaskRecord, TaskRecordStatus, Tube
+from django_taskloop.reaper import format_report, reap
+from tests.testapp.models import WorkerLoop
+
+pytestmark = pytest.mark.django_db
+
+
+def test_expired_loop_locks_are_reported_and_left_first_in_line():
+    WorkerLoop.objects.add([1, 2, 3])
+    assert sorted(WorkerLoop.objects.claim(2, lock_for=0.1)) == [1, 2]
+    time.sleep(0.25)
+    report = reap()
+    assert report["loops"]["testapp.workerloop"] == {"expired_locks": 2}
+    # Not cleared: doloop ranks them first, ahead of the never-updated id 3.
+    assert WorkerLoop.objects.filter(lock_until__isnull=False).count() == 2
+    assert sorted(WorkerLoop.objects.claim(2)) == [1, 2]
+
+
+def test_expired_job_claims_are_cleared():
+    board = JobBoard.objects.create_board("reap-board")
+    job = board.post("a")
+    board.post("b")
+    board.claim(job, "ed", expiry=0.1)
+    time.sleep(0.25)
+    report = reap()
+    assert report["boards"]["reap-board"] == {"expired_claims": 1}
+    assert Job.objects.get(uuid=job.uuid).claimed_by is None
+    assert reap()["boards"]["reap-board"] == {"expired_claims": 0}
+
+
+def test_tube_transitions_are_applied_and_counted_per_tube():
+    tube = Tube.objects.create_tube("reap-ttl", "fifottl")
+    tube.put("later", delay=0.1)
+    tube.put("run")
+    taken = tube.take(0, consumer="ed")
+    tube.release(taken.id, consumer="ed")
+    taken = tube.take(0, consumer="ed")
+    Tube.objects.create_tube("reap-other", "fifo")
+    # A ttr that runs out quickly, on a task taken now.
+    short = Tube.objects.create_tube("reap-ttr", "fifottl", ttr=0.1)
+    short.put("x")
+    short.take(0, consumer="ed")
+    time.sleep(0.3)
+    report = reap()
+    assert report["tubes"]["reap-ttl"]["delay"] == 1
+    assert report["tubes"]["reap-ttr"]["ttr"] == 1
+    assert report["tubes"]["reap-other"] == {"delay": 0, "ttr": 0, "ttl": 0, "release": 0}
+    assert tube.peek(taken.id).state == "t"
+
+
+def test_a_dead_consumers_tasks_go_back():
+    tube = Tube.objects.create_tube("reap-fifo", "fifo")
+    tube.put("x")
+    task = tube.take(0, consumer="gone")
+    with override_settings(TASKLOOP={"CONSUMER_TIMEOUT": 0.1}):
+        time.sleep(0.3)
+        report = reap()
+    assert report["tubes"]["reap-fifo"]["release"] == 1
+    assert tube.peek(task.id).state == "r"
+
+
+def test_old_task_results_are_pruned():
+    now = db_now()
+    old = TaskRecord.objects.create(
+        backend="default", queue_name="default", task_path="x.y", status=TaskRecordStatus.SUCCESSFUL
+    )
+    TaskRecord.objects.filter(pk=old.pk).update(finished_at=now - dt.timedelta(days=8))
+    recent = TaskRecord.objects.create(
+        backend="default",
+        queue_name="default",
+        task_path="x.y",
+        status=TaskRecordStatus.FAILED,
+        finished_at=now,
+    )
+    waiting = TaskRecord.objects.create(backend="default", queue_name="default", task_path="x.y")
+    assert reap()["results"] == {"django-tasks": {"pruned": 1}}
+    assert set(TaskRecord.objects.values_list("pk", flat=True)) == {recent.pk, waiting.pk}
+
+
+def test_reap_locks_prints_one_line_per_loop_board_and_tube():
+    WorkerLoop.objects.add([1])
+    JobBoard.objects.create_board("reap-board")
+    Tube.objects.create_tube("reap-fifo", "fifo")
+    out = io.StringIO()
+    call_command("reap_locks", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert "loop testapp.workerloop: expired locks 0" in lines
+    assert "board reap-board: expired claims 0" in lines
+    assert "tube reap-fifo: delay 0, ttr 0, ttl 0, release 0" in lines
+    assert "results django-tasks: pruned 0" in lines
+    assert lines == format_report(reap())
+
+
+def test_reap_locks_every_must_be_positive():
+    with pytest.raises(CommandError, match="every"):
+        call_command("reap_locks", every=0)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_reap_locks_every_repeats_until_stopped():
+    import signal
+    import subprocess
+    import sys
+
+    from django.db import connections
+
+    from .workers_util import ROOT, child_env
+
+    connections.close_all()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "django", "reap_locks", "--every", "0.2"],
+        env=child_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(3)
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=30)
+    assert process.returncode == 0
+    assert out.count("results django-tasks: pruned 0") >= 2
