@@ -9,13 +9,19 @@ public, to subclass in your own ``admin.py``.
 from __future__ import annotations
 
 from .base import TaskloopAdminMixin
+from .boards import JobAdmin, JobBoardAdmin
 from .charts import bar_chart
 from .lockable import LockableAdmin, LockStateFilter
 from .loops import LoopStateFilter, TaskLoopAdmin, register_loops
 from .paginator import EstimatedCountPaginator
+from .tubes import TaskAdmin, TubeAdmin
 
 __all__ = [
     "EstimatedCountPaginator",
+    "JobAdmin",
+    "JobBoardAdmin",
+    "TaskAdmin",
+    "TubeAdmin",
     "LockStateFilter",
     "LoopStateFilter",
     "TaskLoopAdmin",
@@ -24,6 +30,14 @@ __all__ = [
     "TaskloopAdminMixin",
     "bar_chart",
 ]
+
+from django.contrib import admin as _admin  # noqa: E402
+
+from . import boards as _boards  # noqa: E402
+from . import tubes as _tubes  # noqa: E402
+
+_boards.register(_admin.site)
+_tubes.register(_admin.site)
 
 # Loops of apps whose admin has already run, or that have none; register_loops() again from
 # an AppConfig.ready() catches those of apps whose admin modules come after this one.

@@ -11,8 +11,9 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model
 from django.http import HttpRequest
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
 
 from ..engine import db_now
 from ..exceptions import TaskloopError
@@ -20,7 +21,14 @@ from .paginator import EstimatedCountPaginator
 
 _NOW: ContextVar[dt.datetime | None] = ContextVar("taskloop_admin_now", default=None)
 
-__all__ = ["TaskloopAdminMixin", "humanize_seconds", "seconds_between", "state_badge", "until_cell"]
+__all__ = [
+    "dashboard_url",
+    "TaskloopAdminMixin",
+    "humanize_seconds",
+    "seconds_between",
+    "state_badge",
+    "until_cell",
+]
 
 
 def seconds_between(later: dt.datetime | None, earlier: dt.datetime | None) -> float | None:
@@ -90,7 +98,8 @@ class TaskloopAdminMixin:
 
     def get_taskloop_links(self, request: HttpRequest) -> list[tuple[str, str]]:
         """Return ``(label, url)`` pairs shown above the change list (stats, dashboard)."""
-        return []
+        url = dashboard_url(self.admin_site)  # type: ignore[attr-defined]
+        return [] if url is None else [(str(_("Dashboard")), url)]
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         actions = super().get_actions(request)  # type: ignore[misc]
@@ -135,6 +144,14 @@ class TaskloopAdminMixin:
         """Raise ``PermissionDenied`` unless the user has ``permission`` (``change``, ``delete``…)."""
         if not getattr(self, f"has_{permission}_permission")(request, obj):
             raise PermissionDenied
+
+
+def dashboard_url(site: Any) -> str | None:
+    """Return the URL of the dashboard on admin ``site``, or ``None`` if it is not there."""
+    try:
+        return reverse("admin:django_taskloop_dashboard", current_app=site.name)
+    except NoReverseMatch:  # the job boards' admin, which hosts it, is not registered
+        return None
 
 
 def state_badge(label: str, css: str) -> str:

@@ -17,7 +17,14 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
 from ..engine import DbNow
-from .base import TaskloopAdminMixin, humanize_seconds, seconds_between, state_badge, until_cell
+from .base import (
+    TaskloopAdminMixin,
+    dashboard_url,
+    humanize_seconds,
+    seconds_between,
+    state_badge,
+    until_cell,
+)
 from .charts import bar_chart
 from .paginator import EstimatedCountPaginator
 
@@ -230,7 +237,7 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         ]
 
     def get_taskloop_links(self, request: HttpRequest) -> list[tuple[str, str]]:
-        return [(str(_("Statistics")), self.admin_url("stats"))]
+        return [(str(_("Statistics")), self.admin_url("stats")), *super().get_taskloop_links(request)]
 
     def stats_view(self, request: HttpRequest) -> HttpResponse:
         """Show doloop's ``stats()`` of this loop, its depth by state and its lock ages."""
@@ -254,6 +261,7 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
                 bar_chart(list(overview["lock_ages"].items()), title=str(_("Locks by time until they end"))),
             ],
             "changelist_url": self.admin_url("changelist"),
+            "dashboard_url": dashboard_url(self.admin_site),
             "has_view_permission": True,
         }
         request.current_app = self.admin_site.name

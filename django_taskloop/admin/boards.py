@@ -1,0 +1,470 @@
+"""Admin of job boards: boards, their jobs (with the trash), consumed jobs and entities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db import router, transaction
+from django.db.models import Count, Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+from rangefilter.filters import DateTimeRangeFilterBuilder
+
+from .. import engine
+from ..exceptions import TaskloopError
+from ..models.boards import BoardEntity, ConsumedJob, Job, JobBoard, JobPriority
+from .base import (
+    TaskloopAdminMixin,
+    dashboard_url,
+    humanize_seconds,
+    seconds_between,
+    state_badge,
+    until_cell,
+)
+from .charts import bar_chart
+
+__all__ = ["JobAdmin", "JobBoardAdmin", "JobStateFilter", "board_overview", "admin_identity"]
+
+JOB_STATES = {
+    "unclaimed": Q(trashed=False, claimed_by__isnull=True),
+    "claimed": Q(trashed=False, claimed_by__isnull=False)
+    & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__gt=engine.DbNow())),
+    "expired": Q(trashed=False, claimed_by__isnull=False, claim_expires_at__lte=engine.DbNow()),
+    "trashed": Q(trashed=True),
+}
+JOB_STATE_LABELS = {
+    "unclaimed": _("unclaimed"),
+    "claimed": _("claimed"),
+    "expired": _("expired claim"),
+    "trashed": _("trashed"),
+}
+
+
+def admin_identity(request: HttpRequest) -> str:
+    """Return the ``who`` under which an admin user acts on a board: ``admin:<username>``."""
+    return f"admin:{request.user.get_username()}"
+
+
+def job_state(job: Job, now: Any) -> str:
+    """Return ``unclaimed``, ``claimed``, ``expired`` (claim ran out) or ``trashed``."""
+    if job.trashed:
+        return "trashed"
+    if job.claimed_by is None:
+        return "unclaimed"
+    if job.claim_expires_at is not None and job.claim_expires_at <= now:
+        return "expired"
+    return "claimed"
+
+
+class JobStateFilter(admin.SimpleListFilter):
+    """Unclaimed, claimed, expired claim, or trashed (the trash)."""
+
+    title = _("state")
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return list(JOB_STATE_LABELS.items())
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        condition = JOB_STATES.get(self.value() or "")
+        return queryset if condition is None else queryset.filter(condition)
+
+
+class JobPriorityFilter(admin.SimpleListFilter):
+    """The five TaskFlow priorities (no query needed to list them)."""
+
+    title = _("priority")
+    parameter_name = "priority"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [(member.name, member.name.replace("_", " ").lower()) for member in JobPriority]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        member = JobPriority.__members__.get(self.value() or "")
+        return queryset if member is None else queryset.filter(priority=member.rank)
+
+
+def board_overview(board: JobBoard) -> dict[str, Any]:
+    """Return a board's job counts by state and by priority (one aggregate over its jobs)."""
+    using = board._state.db or router.db_for_read(Job)
+    jobs = Job.objects.db_manager(using).filter(board=board).order_by()
+    by_state = jobs.aggregate(
+        **{name: Count("pk", filter=condition) for name, condition in JOB_STATES.items()}
+    )
+    live = jobs.filter(trashed=False).values_list("priority").annotate(n=Count("pk"))
+    by_priority = {member.name: 0 for member in JobPriority}
+    for priority, n in live:
+        by_priority[JobPriority(priority).name if isinstance(priority, JobPriority) else str(priority)] = n
+    oldest = (
+        jobs.filter(JOB_STATES["claimed"])
+        .order_by("last_modified")
+        .values_list("last_modified", flat=True)
+        .first()
+    )
+    return {
+        "by_state": by_state,
+        "by_priority": by_priority,
+        "job_count": board.job_count,
+        "oldest_claim": oldest,
+        "now": engine.db_now(using),
+    }
+
+
+class JobForm(forms.ModelForm):
+    """Edit a job's priority and details, where its state allows it."""
+
+    priority = forms.TypedChoiceField(
+        choices=[(member.name, member.name) for member in JobPriority],
+        coerce=lambda name: JobPriority[name],
+    )
+
+    class Meta:
+        model = Job
+        fields = ["priority", "details"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk and isinstance(self.instance.priority, JobPriority):
+            self.initial["priority"] = self.instance.priority.name
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        job = self.instance
+        # Read the state live: the page may be minutes old.
+        row = Job.objects.db_manager(job._state.db).filter(pk=job.pk).values("trashed", "claimed_by").first()
+        if row is None:
+            raise forms.ValidationError(_("This job is gone: it was consumed or removed."))
+        if row["trashed"]:
+            raise forms.ValidationError(
+                _("A trashed job cannot be edited: re-post it, then edit the new job.")
+            )
+        if "details" in self.changed_data and job.state != "UNCLAIMED":
+            raise forms.ValidationError(
+                _(
+                    "The details of a claimed job cannot change: %(who)s may be working on them. Abandon it first."
+                )
+                % {"who": job.owner}
+            )
+        return data
+
+
+def set_job(job: Job, **changes: Any) -> int:
+    """Write ``changes`` to ``job`` if it is still live (and unclaimed for new details).
+
+    The boards facade has no verb for this; the state check and the write happen under one
+    write lock, so a claim cannot slip in between.
+    """
+    using = job._state.db or router.db_for_write(Job)
+    condition = Q(pk=job.pk, trashed=False)
+    if "details" in changes:
+        condition &= JOB_STATES["unclaimed"] | JOB_STATES["expired"]
+
+    def work() -> int:
+        return Job.objects.db_manager(using).filter(condition).update(**changes, last_modified=engine.DbNow())
+
+    return engine.run_in_transaction(Job, using, work)
+
+
+class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+    """Jobs of every board. The trash is the "trashed" state; re-post brings a job back."""
+
+    form = JobForm
+    list_display = (
+        "name",
+        "job_state",
+        "board",
+        "priority_display",
+        "claimed_by",
+        "claim_ends",
+        "age",
+        "last_modified",
+        "uuid",
+    )
+    list_display_links = ("name",)
+    list_filter = (
+        JobStateFilter,
+        "board",
+        JobPriorityFilter,
+        ("created_on", DateTimeRangeFilterBuilder(title=_("created on"))),
+        ("last_modified", DateTimeRangeFilterBuilder(title=_("last modified"))),
+        ("claim_expires_at", DateTimeRangeFilterBuilder(title=_("claim expires at"))),
+        ("trashed_at", DateTimeRangeFilterBuilder(title=_("trashed at"))),
+    )
+    list_select_related = ("board",)
+    search_fields = ("=uuid", "name")
+    # Posting order (the primary key), newest first; priority sorts through the claim index.
+    ordering = ("-sequence",)
+    sortable_by = ("name", "priority_display", "age")
+    actions = ["abandon_jobs", "trash_jobs", "repost_jobs", "set_priority"]
+    readonly_fields = (
+        "uuid",
+        "board",
+        "name",
+        "job_state",
+        "claimed_by",
+        "claim_expires_at",
+        "created_on",
+        "last_modified",
+        "trashed_by",
+        "trashed_at",
+    )
+    fieldsets = (
+        (None, {"fields": ("uuid", "board", "name", "job_state", "priority", "details")}),
+        (_("Claim"), {"fields": ("claimed_by", "claim_expires_at")}),
+        (_("History"), {"fields": ("created_on", "last_modified", "trashed_by", "trashed_at")}),
+    )
+    action_form = type(
+        "JobActionForm",
+        (admin.helpers.ActionForm,),
+        {
+            "priority": forms.ChoiceField(
+                choices=[("", "---")] + [(m.name, m.name) for m in JobPriority],
+                required=False,
+                label=_("priority"),
+            )
+        },
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Jobs are posted with board.post(); an add form would bypass job_posted.
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Jobs leave a board through consume or trash, never a bare DELETE.
+        return False
+
+    def get_taskloop_links(self, request: HttpRequest) -> list[tuple[str, str]]:
+        return [
+            (str(_("Trash")), self.admin_url("changelist") + "?state=trashed"),
+            *super().get_taskloop_links(request),
+        ]
+
+    @admin.display(description=_("state"))
+    def job_state(self, obj: Job) -> str:
+        state = job_state(obj, self.now())
+        return state_badge(JOB_STATE_LABELS[state], state)
+
+    @admin.display(description=_("priority"), ordering="priority")
+    def priority_display(self, obj: Job) -> str:
+        priority = obj.priority
+        return priority.name if isinstance(priority, JobPriority) else str(priority)
+
+    @admin.display(description=_("claim ends"))
+    def claim_ends(self, obj: Job) -> str:
+        if obj.trashed or obj.claimed_by is None:
+            return "—"
+        if obj.claim_expires_at is None:
+            return str(_("never"))
+        return until_cell(obj.claim_expires_at, self.now())
+
+    @admin.display(description=_("age"), ordering="-sequence")
+    def age(self, obj: Job) -> str:
+        return humanize_seconds(seconds_between(self.now(), obj.created_on))
+
+    def save_model(self, request: HttpRequest, obj: Job, form: Any, change: bool) -> None:
+        changes = {name: form.cleaned_data[name] for name in form.changed_data}
+        if changes and not set_job(obj, **changes):
+            self.message_user(
+                request, _("The job changed state meanwhile: nothing was saved."), messages.ERROR
+            )
+
+    def _each(self, request: HttpRequest, queryset: QuerySet[Any], verb: Any, done: str) -> None:
+        """Apply ``verb(board, job)`` to every selected job; report successes and refusals."""
+        ok, errors = 0, []
+        for job in queryset.select_related("board"):
+            try:
+                verb(job.board, job)
+                ok += 1
+            except (TaskloopError, ValueError, TypeError, LookupError) as error:
+                errors.append(f"{job.name}: {error}")
+        if ok:
+            self.message_user(request, done % {"n": ok}, messages.SUCCESS)
+        for error in errors:
+            self.message_user(request, error, messages.ERROR)
+
+    @admin.action(description=_("Abandon the claim (back to unclaimed)"), permissions=["change"])
+    def abandon_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        # The admin acts for the current owner: abandon() needs the owner's name.
+        self._each(
+            request,
+            queryset,
+            lambda board, job: board.abandon(job, job.claimed_by or ""),
+            "Abandoned %(n)d job(s).",
+        )
+
+    @admin.action(description=_("Move to the trash"), permissions=["change"])
+    def trash_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        who = admin_identity(request)
+
+        def trash(board: JobBoard, job: Job) -> None:
+            # trash() takes a job its caller holds: claim it as the admin first, atomically,
+            # so that a job a worker holds is refused (UnclaimableJob), never taken away.
+            with transaction.atomic(using=board._state.db):
+                board.claim(job, who)
+                board.trash(job, who)
+
+        self._each(request, queryset, trash, "Moved %(n)d job(s) to the trash.")
+
+    @admin.action(description=_("Re-post from the trash"), permissions=["change"])
+    def repost_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._each(request, queryset, lambda board, job: board.repost(job), "Re-posted %(n)d job(s).")
+
+    @admin.action(description=_("Set the priority chosen above"), permissions=["change"])
+    def set_priority(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        name = request.POST.get("priority", "")
+        if name not in JobPriority.__members__:
+            self.message_user(request, _("Choose a priority in the list next to the action."), messages.ERROR)
+            return
+        priority = JobPriority[name]
+        changed = sum(set_job(job, priority=priority) for job in queryset)
+        skipped = queryset.count() - changed
+        self.message_user(request, f"Set {changed} job(s) to {name}.", messages.SUCCESS)
+        if skipped:
+            self.message_user(request, f"{skipped} trashed job(s) left as they are.", messages.WARNING)
+
+
+class JobBoardAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+    """Boards, with their job counts and a statistics page each. Hosts the dashboard."""
+
+    list_display = ("name", "live_jobs", "links", "created_on")
+    search_fields = ("name",)
+    ordering = ("name",)
+    readonly_fields = ("created_on",)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # A board's name is how workers find it: renaming one would strand them.
+        return ("name", "created_on") if obj is not None else ("created_on",)
+
+    def save_model(self, request: HttpRequest, obj: JobBoard, form: Any, change: bool) -> None:
+        if change:
+            return
+        board = JobBoard.objects.db_manager(router.db_for_write(JobBoard)).create_board(obj.name)
+        obj.pk, obj.created_on, obj._state = board.pk, board.created_on, board._state
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description=_("live jobs"))
+    def live_jobs(self, obj: JobBoard) -> int:
+        return obj.job_count
+
+    @admin.display(description=_("see"))
+    def links(self, obj: JobBoard) -> str:
+        jobs = reverse("admin:django_taskloop_job_changelist", current_app=self.admin_site.name)
+        return format_html(
+            '<a href="{}?board__id__exact={}">{}</a> · <a href="{}?board__id__exact={}&amp;state=trashed">{}</a>'
+            ' · <a href="{}">{}</a>',
+            jobs,
+            obj.pk,
+            _("jobs"),
+            jobs,
+            obj.pk,
+            _("trash"),
+            self.admin_url("stats", obj.pk),
+            _("statistics"),
+        )
+
+    def get_urls(self) -> list[Any]:
+        from .dashboard import dashboard_view
+
+        site = self.admin_site
+        return [
+            path("<path:object_id>/stats/", site.admin_view(self.stats_view), name=self.url_name("stats")),
+            path(
+                "dashboard/",
+                site.admin_view(lambda request: dashboard_view(request, site)),
+                name="django_taskloop_dashboard",
+            ),
+            *super().get_urls(),
+        ]
+
+    def stats_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Show a board's jobs by state and by priority."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        board = self.get_object(request, object_id)
+        if board is None:
+            raise Http404(f"No board {object_id!r}")
+        overview = board_overview(board)
+        oldest = overview["oldest_claim"]
+        rows = [
+            ("job_count", overview["job_count"]),
+            *((f"state: {JOB_STATE_LABELS[k]}", v) for k, v in overview["by_state"].items()),
+            *((f"priority: {k}", v) for k, v in overview["by_priority"].items()),
+            (
+                "oldest live claim",
+                "—" if oldest is None else f"{humanize_seconds(seconds_between(overview['now'], oldest))}",
+            ),
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Statistics of board %(name)s") % {"name": board.name},
+            "object": board,
+            "object_url": self.admin_url("change", board.pk),
+            "rows": rows,
+            "charts": [
+                bar_chart(
+                    [(str(JOB_STATE_LABELS[k]), v) for k, v in overview["by_state"].items()],
+                    title=str(_("Jobs by state")),
+                ),
+                bar_chart(list(overview["by_priority"].items()), title=str(_("Live jobs by priority"))),
+            ],
+            "changelist_url": self.admin_url("changelist"),
+            "dashboard_url": dashboard_url(self.admin_site),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/django_taskloop/stats.html", context)
+
+
+class ConsumedJobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+    """History of consumed jobs (kept for ``JOB_HISTORY_RETENTION`` seconds); read-only."""
+
+    list_display = ("name", "board", "priority", "consumed_by", "consumed_at", "created_on", "uuid")
+    list_filter = ("board", ("consumed_at", DateTimeRangeFilterBuilder(title=_("consumed at"))))
+    search_fields = ("=uuid", "name")
+    ordering = ("-consumed_at",)
+    sortable_by = ("consumed_at",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class BoardEntityAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+    """Entities registered on boards, with how long ago each was last seen."""
+
+    list_display = ("name", "kind", "board", "seen", "registered_on")
+    list_filter = ("board", "kind", ("last_seen", DateTimeRangeFilterBuilder(title=_("last seen"))))
+    search_fields = ("name",)
+    ordering = ("kind", "name")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description=_("last seen"), ordering="last_seen")
+    def seen(self, obj: BoardEntity) -> str:
+        return until_cell(obj.last_seen, self.now())
+
+
+def register(site: admin.AdminSite) -> None:
+    """Register the boards' admins on ``site`` (unless the project already did)."""
+    for model, model_admin in (
+        (JobBoard, JobBoardAdmin),
+        (Job, JobAdmin),
+        (ConsumedJob, ConsumedJobAdmin),
+        (BoardEntity, BoardEntityAdmin),
+    ):
+        if not site.is_registered(model):
+            site.register(model, model_admin)

@@ -1,0 +1,373 @@
+"""Admin of tubes: tubes with their statistics, and tasks with Tarantool's verbs as actions."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db import router
+from django.db.models import Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.text import Truncator
+from django.utils.translation import gettext_lazy as _
+from rangefilter.filters import DateTimeRangeFilterBuilder, NumericRangeFilterBuilder
+
+from .. import engine
+from ..exceptions import TaskloopError
+from ..models.tubes import BURIED, DELAYED, READY, TAKEN, TTL_TYPES, Task, Tube
+from .base import (
+    TaskloopAdminMixin,
+    dashboard_url,
+    humanize_seconds,
+    seconds_between,
+    state_badge,
+    until_cell,
+)
+from .charts import bar_chart
+
+__all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "set_task"]
+
+TASK_STATES = {READY: "ready", TAKEN: "taken", DELAYED: "delayed", BURIED: "buried"}
+
+
+class TaskStateFilter(admin.SimpleListFilter):
+    """Ready, taken, delayed or buried (``state`` leads the tube's claim index after the tube)."""
+
+    title = _("state")
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [(name, _(name)) for name in TASK_STATES.values()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        codes = {name: code for code, name in TASK_STATES.items()}
+        code = codes.get(self.value() or "")
+        return queryset if code is None else queryset.filter(state=code)
+
+
+def set_task(task: Task, **changes: Any) -> int:
+    """Write ``changes`` (``pri``, ``data``) to ``task`` unless it is taken; return 1 or 0.
+
+    Tarantool has no verb for this. The state check and the write happen under one write
+    lock, so that a take cannot slip in between; a consumer never sees its task change.
+    """
+    using = task._state.db or router.db_for_write(Task)
+
+    def work() -> int:
+        return Task.objects.db_manager(using).filter(~Q(state=TAKEN), pk=task.pk).update(**changes)
+
+    return engine.run_in_transaction(Task, using, work)
+
+
+class TaskForm(forms.ModelForm):
+    """Edit a task's priority (ttl tubes only) and data, unless a consumer holds it."""
+
+    class Meta:
+        model = Task
+        fields = ["pri", "data"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        task = self.instance
+        state = (
+            Task.objects.db_manager(task._state.db).filter(pk=task.pk).values_list("state", flat=True).first()
+        )
+        if state is None:
+            raise forms.ValidationError(_("This task is gone: it was acknowledged or deleted."))
+        if state == TAKEN:
+            raise forms.ValidationError(
+                _("Task %(id)s is taken by %(owner)s: release it before editing it.")
+                % {"id": task.pk, "owner": task.owner}
+            )
+        if "pri" in self.changed_data and task.tube.type not in TTL_TYPES:
+            self.add_error("pri", _("A %(type)s tube has no priorities.") % {"type": task.tube.type})
+        return data
+
+
+class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+    """Tasks of every tube, with Tarantool's verbs as actions."""
+
+    form = TaskForm
+    list_display = (
+        "id",
+        "task_state",
+        "tube",
+        "pri",
+        "utube",
+        "owner",
+        "deadline",
+        "expires",
+        "age",
+        "data_preview",
+    )
+    list_filter = (
+        TaskStateFilter,
+        "tube",
+        ("pri", NumericRangeFilterBuilder(title=_("priority"))),
+        ("created", DateTimeRangeFilterBuilder(title=_("created"))),
+        ("event_at", DateTimeRangeFilterBuilder(title=_("next event (delay end, ttr)"))),
+        ("ttl_at", DateTimeRangeFilterBuilder(title=_("expires (ttl)"))),
+    )
+    list_select_related = ("tube",)
+    # Newest first through the primary key: whatever the filters, no sort of a big table.
+    ordering = ("-id",)
+    sortable_by = ("id", "age")
+    actions = ["release_tasks", "bury_tasks", "kick_tasks", "delete_tasks", "set_priority"]
+    readonly_fields = ("id", "tube", "task_state", "utube", "owner", "created", "event_at", "ttl_at", "ttr")
+    fieldsets = (
+        (None, {"fields": ("id", "tube", "task_state", "utube", "pri", "data")}),
+        (_("Timers"), {"fields": ("owner", "created", "event_at", "ttl_at", "ttr")}),
+    )
+    action_form = type(
+        "TaskActionForm",
+        (admin.helpers.ActionForm,),
+        {"pri": forms.IntegerField(required=False, label=_("priority"))},
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Tasks are put with tube.put(); an add form would skip the counters and wake-ups.
+        return False
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any], search_term: str) -> Any:
+        # A number is a task id (primary key); anything else a utube key (exact, indexed with
+        # the tube when the tube filter is on).
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if term.isdigit():
+            return queryset.filter(pk=int(term)), False
+        return queryset.filter(utube=term), False
+
+    @admin.display(description=_("state"))
+    def task_state(self, obj: Task) -> str:
+        name = TASK_STATES.get(obj.state, obj.state)
+        now = self.now()
+        if obj.state in (DELAYED, TAKEN) and obj.event_at is not None and obj.event_at <= now:
+            # The timer ran out; the next call on the tube makes it ready.
+            return format_html("{} <small>{}</small>", state_badge(_(name), name), _("due"))
+        return state_badge(_(name), name)
+
+    @admin.display(description=_("next event"))
+    def deadline(self, obj: Task) -> str:
+        return until_cell(obj.event_at, self.now())
+
+    @admin.display(description=_("expires"))
+    def expires(self, obj: Task) -> str:
+        return until_cell(obj.ttl_at, self.now())
+
+    @admin.display(description=_("age"), ordering="-id")
+    def age(self, obj: Task) -> str:
+        return humanize_seconds(seconds_between(self.now(), obj.created))
+
+    @admin.display(description=_("data"))
+    def data_preview(self, obj: Task) -> str:
+        return Truncator(json.dumps(obj.data, ensure_ascii=False)).chars(60)
+
+    def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
+        changes = {name: form.cleaned_data[name] for name in form.changed_data}
+        if changes and not set_task(obj, **changes):
+            self.message_user(request, _("The task was taken meanwhile: nothing was saved."), messages.ERROR)
+
+    def _each(self, request: HttpRequest, queryset: QuerySet[Any], verb: Any, done: str) -> None:
+        ok, errors = 0, []
+        for task in queryset.select_related("tube"):
+            try:
+                verb(task.tube, task)
+                ok += 1
+            except (TaskloopError, ValueError, TypeError, LookupError) as error:
+                errors.append(f"task {task.pk}: {type(error).__name__}: {error}")
+        if ok:
+            self.message_user(request, done % {"n": ok}, messages.SUCCESS)
+        for error in errors:
+            self.message_user(request, error, messages.ERROR)
+
+    @admin.action(description=_("Release (taken → ready)"), permissions=["change"])
+    def release_tasks(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        # release() checks ownership: the admin acts as the consumer that holds the task.
+        self._each(
+            request,
+            queryset,
+            lambda tube, task: tube.release(task.pk, consumer=task.owner or "-"),
+            "Released %(n)d task(s).",
+        )
+
+    @admin.action(description=_("Bury"), permissions=["change"])
+    def bury_tasks(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._each(request, queryset, lambda tube, task: tube.bury(task.pk), "Buried %(n)d task(s).")
+
+    @admin.action(description=_("Kick (buried → ready)"), permissions=["change"])
+    def kick_tasks(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        # Tarantool's kick(count) takes a tube's buried tasks best first; it cannot name one.
+        # Kick exactly the selection when it is the head of that order; else say so.
+        kicked = 0
+        for tube in Tube.objects.using(queryset.db).filter(pk__in=queryset.values("tube_id")):
+            chosen = set(queryset.filter(tube=tube, state=BURIED).values_list("pk", flat=True))
+            if not chosen:
+                continue
+            alive = Q(ttl_at__isnull=True) | Q(ttl_at__gt=engine.DbNow())
+            order = ["pri", "id"] if tube.type in TTL_TYPES else ["id"]
+            head = list(
+                Task.objects.using(queryset.db)
+                .filter(alive, tube=tube, state=BURIED)
+                .order_by(*order)
+                .values_list("pk", flat=True)[: len(chosen)]
+            )
+            if set(head) != chosen:
+                self.message_user(
+                    request,
+                    f"Tube {tube.name}: kick takes buried tasks in priority order ({', '.join(map(str, head))} "
+                    f"first); select those, or kick from the tube's page.",
+                    messages.ERROR,
+                )
+                continue
+            kicked += tube.kick(len(chosen))
+        self.message_user(
+            request, f"Kicked {kicked} task(s).", messages.SUCCESS if kicked else messages.WARNING
+        )
+
+    @admin.action(description=_("Delete (delete_task)"), permissions=["delete"])
+    def delete_tasks(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self._each(request, queryset, lambda tube, task: tube.delete_task(task.pk), "Deleted %(n)d task(s).")
+
+    @admin.action(description=_("Set the priority given above"), permissions=["change"])
+    def set_priority(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        try:
+            pri = int(request.POST.get("pri", ""))
+        except ValueError:
+            self.message_user(request, _("Enter a whole-number priority next to the action."), messages.ERROR)
+            return
+        changed, refused = 0, []
+        for task in queryset.select_related("tube"):
+            if task.tube.type not in TTL_TYPES:
+                refused.append(f"task {task.pk}: a {task.tube.type} tube has no priorities")
+            elif not set_task(task, pri=pri):
+                refused.append(f"task {task.pk}: taken, release it first")
+            else:
+                changed += 1
+        if changed:
+            self.message_user(request, f"Set the priority of {changed} task(s) to {pri}.", messages.SUCCESS)
+        for reason in refused:
+            self.message_user(request, reason, messages.ERROR)
+
+
+def tube_overview(tube: Tube) -> dict[str, Any]:
+    """Return Tarantool's ``statistics()`` of ``tube`` and its oldest taken task."""
+    using = tube._state.db or router.db_for_read(Tube)
+    stats = tube.statistics()
+    taken = Task.objects.using(using).filter(tube=tube, state=TAKEN)
+    # The (tube, state, event_at) index: the taken task whose ttr runs out first.
+    first_deadline = taken.order_by("event_at").values_list("event_at", flat=True).first()
+    return {"statistics": stats, "first_ttr": first_deadline, "now": engine.db_now(using)}
+
+
+class TubeAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+    """Tubes, their options and a statistics page each."""
+
+    list_display = ("name", "type", "ttl", "ttr", "pri", "links", "created")
+    list_filter = ("type",)
+    search_fields = ("name",)
+    ordering = ("name",)
+    actions = ["kick_all"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # The type decides how the stored tasks are read: it cannot change under them.
+        return ("name", "type", "created") if obj is not None else ("created",)
+
+    def save_model(self, request: HttpRequest, obj: Tube, form: Any, change: bool) -> None:
+        if change:
+            # ttl/ttr/pri are defaults for future puts only.
+            super().save_model(request, obj, form, change)
+            return
+        tube = Tube.objects.db_manager(router.db_for_write(Tube)).create_tube(
+            obj.name, obj.type, ttl=obj.ttl, ttr=obj.ttr, pri=obj.pri
+        )
+        obj.pk, obj.created, obj._state = tube.pk, tube.created, tube._state
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # drop() refuses while tasks are taken; a bare DELETE would not.
+        return False
+
+    @admin.display(description=_("see"))
+    def links(self, obj: Tube) -> str:
+        tasks = reverse("admin:django_taskloop_task_changelist", current_app=self.admin_site.name)
+        return format_html(
+            '<a href="{}?tube__id__exact={}">{}</a> · <a href="{}?tube__id__exact={}&amp;state=buried">{}</a>'
+            ' · <a href="{}">{}</a>',
+            tasks,
+            obj.pk,
+            _("tasks"),
+            tasks,
+            obj.pk,
+            _("buried"),
+            self.admin_url("stats", obj.pk),
+            _("statistics"),
+        )
+
+    @admin.action(description=_("Kick every buried task"), permissions=["change"])
+    def kick_all(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        kicked = 0
+        for tube in queryset:
+            buried = Task.objects.using(queryset.db).filter(tube=tube, state=BURIED).count()
+            if buried:
+                kicked += tube.kick(buried)
+        self.message_user(request, f"Kicked {kicked} task(s).", messages.SUCCESS)
+
+    def get_urls(self) -> list[Any]:
+        site = self.admin_site
+        return [
+            path("<path:object_id>/stats/", site.admin_view(self.stats_view), name=self.url_name("stats")),
+            *super().get_urls(),
+        ]
+
+    def stats_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Show Tarantool's ``statistics()`` of a tube, with charts."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        tube = self.get_object(request, object_id)
+        if tube is None:
+            raise Http404(f"No tube {object_id!r}")
+        overview = tube_overview(tube)
+        stats = overview["statistics"]
+        first_ttr = overview["first_ttr"]
+        rows = [
+            *((f"tasks.{k}", v) for k, v in stats["tasks"].items()),
+            *((f"calls.{k}", v) for k, v in stats["calls"].items()),
+            (
+                "first ttr deadline",
+                "—" if first_ttr is None else until_cell(first_ttr, overview["now"]),
+            ),
+        ]
+        tasks = stats["tasks"]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Statistics of tube %(name)s") % {"name": tube.name},
+            "object": tube,
+            "object_url": self.admin_url("change", tube.pk),
+            "rows": rows,
+            "charts": [
+                bar_chart(
+                    [(name, tasks[name]) for name in ("ready", "taken", "delayed", "buried")],
+                    title=str(_("Tasks by state")),
+                ),
+                bar_chart(list(stats["calls"].items()), title=str(_("Calls"))),
+            ],
+            "raw": json.dumps(stats, indent=2),
+            "changelist_url": self.admin_url("changelist"),
+            "dashboard_url": dashboard_url(self.admin_site),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/django_taskloop/stats.html", context)
+
+
+def register(site: admin.AdminSite) -> None:
+    """Register the tubes' admins on ``site`` (unless the project already did)."""
+    for model, model_admin in ((Tube, TubeAdmin), (Task, TaskAdmin)):
+        if not site.is_registered(model):
+            site.register(model, model_admin)
