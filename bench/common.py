@@ -1,0 +1,148 @@
+"""What every benchmarked system shares: the job record, the exactly-once check, the numbers.
+
+Standard library only: this module is imported from every benchmark virtualenv (ours, the
+peers', the raw baseline's).
+
+Every no-op job carries an integer ``n``. The handler's only work is :func:`record`: one line
+``"<n> <unix time>"`` appended to a file of its own process. The harness then reads every
+line back, checks that each expected ``n`` appears exactly once, and measures the drain rate
+from the first to the last handler start (so process start-up, which differs between
+systems, does not count) and the pickup latency (put time → handler start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from urllib.parse import urlparse
+
+RECORD_DIR_ENV = "BENCH_RECORD_DIR"
+
+_record_file = None
+_record_pid = None
+
+
+def record(n: int) -> None:
+    """Note that job ``n`` started now, in this process's record file."""
+    global _record_file, _record_pid
+    pid = os.getpid()
+    if _record_file is None or _record_pid != pid:
+        # A forked child must not write through its parent's buffer.
+        directory = os.environ[RECORD_DIR_ENV]
+        _record_file = open(Path(directory) / f"{pid}.log", "a", buffering=1)  # noqa: SIM115
+        _record_pid = pid
+    _record_file.write(f"{n} {time.time():.6f}\n")
+
+
+def read_records(directory: str | Path) -> list[tuple[int, float]]:
+    """Return every ``(n, time)`` recorded under ``directory``."""
+    out = []
+    for path in Path(directory).glob("*.log"):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                out.append((int(parts[0]), float(parts[1])))
+    return out
+
+
+def count_records(directory: str | Path) -> int:
+    """Return how many job starts are recorded under ``directory`` (cheap: counts lines)."""
+    total = 0
+    for path in Path(directory).glob("*.log"):
+        with open(path, "rb") as f:
+            total += f.read().count(b"\n")
+    return total
+
+
+def wait_for_records(directory: str | Path, count: int, timeout: float, poll: float = 0.05) -> bool:
+    """Wait until ``count`` job starts are recorded; return whether they were in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if count_records(directory) >= count:
+            return True
+        time.sleep(poll)
+    return count_records(directory) >= count
+
+
+def fresh_dir(path: str | Path) -> Path:
+    """Return ``path`` as an empty directory."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for old in path.glob("*.log"):
+        old.unlink()
+    return path
+
+
+def check_once(records: list[tuple[int, float]], expected: Iterable[int]) -> dict:
+    """Check that every expected job ran exactly once; return what was found."""
+    expected = set(expected)
+    seen = Counter(n for n, _ in records)
+    missing = len(expected - set(seen))
+    twice = sum(1 for n, c in seen.items() if c > 1)
+    stray = len(set(seen) - expected)
+    return {
+        "exactly_once": not (missing or twice or stray),
+        "missing": missing,
+        "twice": twice,
+        "stray": stray,
+    }
+
+
+def drain_rate(records: list[tuple[int, float]]) -> float:
+    """Return jobs per second between the first and the last handler start."""
+    times = sorted(t for _, t in records)
+    if len(times) < 2 or times[-1] <= times[0]:
+        return 0.0
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Return the ``p``-th percentile (0–100) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[k]
+
+
+def latencies(records: list[tuple[int, float]], put_times: dict[int, float]) -> dict:
+    """Return pickup latency (put → handler start) in milliseconds: median, p95, count."""
+    first = {}
+    for n, t in records:
+        first.setdefault(n, t)
+    values = [(first[n] - put_times[n]) * 1000 for n in put_times if n in first]
+    return {
+        "median_ms": statistics.median(values) if values else float("nan"),
+        "p95_ms": percentile(values, 95),
+        "samples": len(values),
+    }
+
+
+def spaced_puts(put, count: int, gap: float) -> dict[int, float]:
+    """Call ``put(n)`` ``count`` times, ``gap`` seconds apart (so the worker goes idle)."""
+    times = {}
+    for n in range(count):
+        time.sleep(gap)
+        times[n] = time.time()
+        put(n)
+    return times
+
+
+def db_vendor(url: str) -> str:
+    """Return ``"sqlite"``, ``"mysql"`` or ``"postgres"`` for a database URL ('' = SQLite)."""
+    if not url or url.startswith("sqlite"):
+        return "sqlite"
+    scheme = urlparse(url).scheme
+    return "mysql" if scheme.startswith(("mysql", "mariadb")) else "postgres"
+
+
+def emit(result: dict) -> None:
+    """Print one result for the harness: a single JSON line marked ``BENCH``."""
+    sys.stdout.write("BENCH " + json.dumps(result) + "\n")
+    sys.stdout.flush()
