@@ -2,7 +2,7 @@
 
 from django.db import models
 
-from django_taskloop.models import Lockable
+from django_taskloop.models import Lockable, TaskLoop
 
 
 class Article(Lockable):
@@ -17,3 +17,10 @@ class Article(Lockable):
 
     def __str__(self) -> str:
         return self.title
+
+
+class ArticleLoop(TaskLoop):
+    """The demo's loop: every article's id, re-checked once an hour by a worker."""
+
+    class Meta:
+        verbose_name = "article loop"

@@ -1,0 +1,57 @@
+"""``manage.py demo``: put work in every facade, run ``workers --burst``, show that it moved."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_taskloop.models import JobBoard, Tube
+
+from ...models import Article, ArticleLoop
+from ...tasks import count_reviewed
+
+
+class Command(BaseCommand):
+    help = (
+        "Create demo work in a loop, a board, a tube and a Django Task; run the workers; show before/after."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--articles", type=int, default=200, help="Articles to create (default 200).")
+        parser.add_argument("--processes", type=int, default=2, help="Worker processes (default 2).")
+
+    def handle(self, *args: Any, articles: int, processes: int, **options: Any) -> None:
+        first = Article.objects.count()
+        Article.objects.bulk_create([Article(title=f"Article {first + i + 1}") for i in range(articles)])
+        ids = list(Article.objects.filter(reviewed=False).values_list("pk", flat=True))
+        ArticleLoop.objects.add(ids)
+        builds = JobBoard.objects.create_board("demo-builds", if_not_exists=True)
+        for n in range(10):
+            builds.post(f"build-{n}", {"target": f"release-{n}"})
+        emails = Tube.objects.create_tube("demo-emails", "fifottl", if_not_exists=True)
+        for pk in ids[:100]:
+            emails.put({"article": pk})
+        result = count_reviewed.enqueue()
+
+        self.stdout.write("before:")
+        self.show(builds, emails)
+        self.stdout.write(f"  @task count_reviewed: {result.status}")
+        self.stdout.write(f"running: manage.py workers --burst --processes {processes}")
+        call_command("workers", burst=True, processes=processes)
+        result.refresh()
+        self.stdout.write("after:")
+        self.show(builds, emails)
+        self.stdout.write(f"  @task count_reviewed: {result.status}, returned {result.return_value}")
+
+    def show(self, builds: Any, emails: Any) -> None:
+        stats = ArticleLoop.objects.stats()
+        never = ArticleLoop.objects.filter(last_updated__isnull=True).count()
+        self.stdout.write(
+            f"  loop ArticleLoop: {never} ids never done, {stats['locked']} locked; "
+            f"articles reviewed {Article.objects.filter(reviewed=True).count()}/{Article.objects.count()}"
+        )
+        self.stdout.write(f"  board demo-builds: {builds.job_count} jobs")
+        tasks = emails.statistics()["tasks"]
+        self.stdout.write(f"  tube demo-emails: {tasks['ready']} ready, {tasks['done']} done")
