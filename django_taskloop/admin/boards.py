@@ -17,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
 from .. import engine
-from ..exceptions import TaskloopError
+from ..exceptions import JobFailure, TaskloopError
 from ..models.boards import BoardEntity, ConsumedJob, Job, JobBoard, JobPriority
 from .base import (
     TaskloopAdminMixin,
@@ -119,32 +119,35 @@ def board_overview(board: JobBoard) -> dict[str, Any]:
 class JobForm(forms.ModelForm):
     """Edit a job's priority and details, where its state allows it."""
 
-    priority = forms.TypedChoiceField(
-        choices=[(member.name, member.name) for member in JobPriority],
-        coerce=lambda name: JobPriority[name],
-    )
+    # Not the model field: PriorityField's integer validators cannot compare a JobPriority,
+    # so model validation of the priority is left out and the choice list validates it.
+    priority = forms.ChoiceField(choices=[(member.name, member.name) for member in JobPriority])
 
     class Meta:
         model = Job
-        fields = ["priority", "details"]
+        fields = ["details"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.instance.pk and isinstance(self.instance.priority, JobPriority):
             self.initial["priority"] = self.instance.priority.name
 
+    def clean_priority(self) -> JobPriority:
+        return JobPriority[self.cleaned_data["priority"]]
+
     def clean(self) -> dict[str, Any]:
         data = super().clean()
         job = self.instance
         # Read the state live: the page may be minutes old.
-        row = Job.objects.db_manager(job._state.db).filter(pk=job.pk).values("trashed", "claimed_by").first()
+        row = Job.objects.db_manager(job._state.db).filter(pk=job.pk).values("trashed", "details").first()
         if row is None:
             raise forms.ValidationError(_("This job is gone: it was consumed or removed."))
         if row["trashed"]:
             raise forms.ValidationError(
                 _("A trashed job cannot be edited: re-post it, then edit the new job.")
             )
-        if "details" in self.changed_data and job.state != "UNCLAIMED":
+        self.details_changed = "details" in data and data["details"] != row["details"]
+        if self.details_changed and job.state != "UNCLAIMED":
             raise forms.ValidationError(
                 _(
                     "The details of a claimed job cannot change: %(who)s may be working on them. Abandon it first."
@@ -152,6 +155,16 @@ class JobForm(forms.ModelForm):
                 % {"who": job.owner}
             )
         return data
+
+    def _post_clean(self) -> None:
+        # Nothing is assigned to the instance or validated on it: JobAdmin.save_model writes
+        # the cleaned values through set_job(), under the state check.
+        pass
+
+    def save(self, commit: bool = True) -> Job:
+        # JobAdmin.save_model writes through set_job(); nothing is saved here.
+        self.save_m2m = lambda: None
+        return self.instance
 
 
 def set_job(job: Job, **changes: Any) -> int:
@@ -268,8 +281,10 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         return humanize_seconds(seconds_between(self.now(), obj.created_on))
 
     def save_model(self, request: HttpRequest, obj: Job, form: Any, change: bool) -> None:
-        changes = {name: form.cleaned_data[name] for name in form.changed_data}
-        if changes and not set_job(obj, **changes):
+        changes = {"priority": form.cleaned_data["priority"]}
+        if form.details_changed:
+            changes["details"] = form.cleaned_data["details"]
+        if not set_job(obj, **changes):
             self.message_user(
                 request, _("The job changed state meanwhile: nothing was saved."), messages.ERROR
             )
@@ -282,7 +297,7 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
                 verb(job.board, job)
                 ok += 1
             except (TaskloopError, ValueError, TypeError, LookupError) as error:
-                errors.append(f"{job.name}: {error}")
+                errors.append(f"Job {job.name!r}: {error}")
         if ok:
             self.message_user(request, done % {"n": ok}, messages.SUCCESS)
         for error in errors:
@@ -291,12 +306,12 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     @admin.action(description=_("Abandon the claim (back to unclaimed)"), permissions=["change"])
     def abandon_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         # The admin acts for the current owner: abandon() needs the owner's name.
-        self._each(
-            request,
-            queryset,
-            lambda board, job: board.abandon(job, job.claimed_by or ""),
-            "Abandoned %(n)d job(s).",
-        )
+        def abandon(board: JobBoard, job: Job) -> None:
+            if job.claimed_by is None:
+                raise JobFailure("it is not claimed")
+            board.abandon(job, job.claimed_by)
+
+        self._each(request, queryset, abandon, "Abandoned %(n)d job(s).")
 
     @admin.action(description=_("Move to the trash"), permissions=["change"])
     def trash_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
