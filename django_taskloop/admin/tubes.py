@@ -127,7 +127,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     action_form = type(
         "TaskActionForm",
         (admin.helpers.ActionForm,),
-        {"pri": forms.IntegerField(required=False, label=_("priority"))},
+        {"pri": forms.CharField(required=False, label=_("priority"), max_length=12)},
     )
 
     def has_add_permission(self, request: HttpRequest) -> bool:

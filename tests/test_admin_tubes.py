@@ -1,0 +1,193 @@
+"""Admin of tubes and tasks: states, filters, Tarantool's verbs as actions, editing, statistics."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+
+from django_taskloop.models import Task, Tube
+
+pytestmark = pytest.mark.django_db
+
+LIST = "admin:django_taskloop_task_changelist"
+
+
+@pytest.fixture
+def boss(client):
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    return client
+
+
+@pytest.fixture
+def viewer(client):
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    for codename in ("view_task", "view_tube"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def tube():
+    """A fifottl tube: t0 ready (pri 5), t1 taken by "w1", t2 delayed, t3 buried; a fifo tube: t4."""
+    tube = Tube.objects.create_tube("emails", "fifottl", ttr=600)
+    tube.put({"n": 0}, pri=5, ttl=3600)
+    tube.put({"n": 1}, pri=1)
+    assert tube.take(0, consumer="w1").data == {"n": 1}
+    tube.put({"n": 2}, delay=300)
+    tube.bury(tube.put({"n": 3}).pk)
+    Tube.objects.create_tube("plain", "fifo").put({"n": 4})
+    return tube
+
+
+def task(n: int) -> Task:
+    return Task.objects.get(data__n=n)
+
+
+def shown(page: str) -> set[int]:
+    return {n for n in range(6) if f"{{&quot;n&quot;: {n}}}" in page}
+
+
+def act(client, action: str, *ns: int, **extra):
+    ids = [task(n).pk for n in ns]
+    return client.post(reverse(LIST), {"action": action, "_selected_action": ids, **extra}, follow=True)
+
+
+def test_changelist_shows_state_owner_deadlines_and_data(boss, tube):
+    page = boss.get(reverse(LIST)).content.decode()
+    assert shown(page) == {0, 1, 2, 3, 4}
+    for state, n in (("ready", 2), ("taken", 1), ("delayed", 1), ("buried", 1)):
+        assert page.count(f'class="tl-state tl-{state}"') == n, state
+    assert "w1" in page
+    assert page.count('class="tl-future">in 9m') + page.count('class="tl-future">in 10m') == 1  # ttr
+    assert page.count('class="tl-future">in 4m') + page.count('class="tl-future">in 5m') == 1  # delay
+
+
+@pytest.mark.parametrize(
+    "params, ns",
+    [
+        ({"state": "ready"}, {0, 4}),
+        ({"state": "taken"}, {1}),
+        ({"state": "delayed"}, {2}),
+        ({"state": "buried"}, {3}),
+        ({"pri__range__gte": "2"}, {0}),
+        ({"pri__range__gte": "0", "pri__range__lte": "1"}, {1, 2, 3, 4}),
+        ({"created__range__gte_0": "2000-01-01", "created__range__gte_1": "00:00:00"}, {0, 1, 2, 3, 4}),
+        ({"event_at__range__gte_0": "2000-01-01", "event_at__range__gte_1": "00:00:00"}, {1, 2}),
+        ({"ttl_at__range__gte_0": "2000-01-01", "ttl_at__range__gte_1": "00:00:00"}, {0}),
+    ],
+)
+def test_filters(boss, tube, params, ns):
+    assert shown(boss.get(reverse(LIST), params).content.decode()) == ns
+
+
+def test_tube_filter_and_search(boss, tube):
+    assert shown(boss.get(reverse(LIST), {"tube__id__exact": tube.pk}).content.decode()) == {0, 1, 2, 3}
+    assert shown(boss.get(reverse(LIST), {"q": str(task(2).pk)}).content.decode()) == {2}
+    keyed = Tube.objects.create_tube("keyed", "utube")
+    keyed.put({"n": 5}, utube="customer-7")
+    assert shown(boss.get(reverse(LIST), {"q": "customer-7"}).content.decode()) == {5}
+
+
+def test_release_acts_for_the_holding_consumer(boss, tube):
+    page = act(boss, "release_tasks", 1, 0).content.decode()
+    assert "Released 1 task(s)." in page
+    assert "NotTaken" in page
+    assert task(1).state == "r" and task(1).owner is None
+
+
+def test_bury_and_kick(boss, tube):
+    assert "Buried 1 task(s)." in act(boss, "bury_tasks", 0).content.decode()
+    assert task(0).state == "!"
+    # Kick order is priority then id: t3 (pri 0) comes before t0 (pri 5).
+    page = act(boss, "kick_tasks", 0).content.decode()
+    assert "kick takes buried tasks in priority order" in page
+    assert task(0).state == "!"
+    assert "Kicked 2 task(s)." in act(boss, "kick_tasks", 0, 3).content.decode()
+    assert task(0).state == "r" and task(3).state == "r"
+    assert tube.statistics()["calls"]["kick"] == 2
+
+
+def test_delete_task(boss, tube):
+    assert "Deleted 2 task(s)." in act(boss, "delete_tasks", 1, 3).content.decode()
+    assert not Task.objects.filter(data__n__in=[1, 3]).exists()
+    assert tube.statistics()["calls"]["delete"] == 2
+
+
+def test_set_priority_refuses_taken_tasks_and_fifo_tubes(boss, tube):
+    page = act(boss, "set_priority", 0, 1, 4, pri="-3").content.decode()
+    assert "Set the priority of 1 task(s) to -3." in page
+    assert "taken, release it first" in page and "fifo tube has no priorities" in page
+    assert task(0).pri == -3 and task(1).pri == 1 and task(4).pri == 0
+    assert "whole-number priority" in act(boss, "set_priority", 0, pri="x").content.decode()
+
+
+def test_edit_a_ready_task(boss, tube):
+    url = reverse("admin:django_taskloop_task_change", args=[task(0).pk])
+    assert boss.post(url, {"pri": "9", "data": '{"n": 0, "x": true}'}).status_code == 302
+    assert Task.objects.get(pk=task(0).pk).pri == 9
+    assert Task.objects.get(pk=task(0).pk).data == {"n": 0, "x": True}
+
+
+def test_edit_form_refuses_a_taken_task_and_priorities_on_fifo(boss, tube):
+    url = reverse("admin:django_taskloop_task_change", args=[task(1).pk])
+    response = boss.post(url, {"pri": "9", "data": '{"n": 1}'})
+    assert "is taken by w1: release it before editing it" in response.content.decode()
+    assert task(1).pri == 1
+    url = reverse("admin:django_taskloop_task_change", args=[task(4).pk])
+    response = boss.post(url, {"pri": "9", "data": '{"n": 4}'})
+    assert "A fifo tube has no priorities." in response.content.decode()
+    assert task(4).pri == 0
+
+
+def test_tube_list_kick_all_and_stats(boss, tube):
+    page = boss.get(reverse("admin:django_taskloop_tube_changelist")).content.decode()
+    assert "emails" in page and reverse("admin:django_taskloop_tube_stats", args=[tube.pk]) in page
+    response = boss.get(reverse("admin:django_taskloop_tube_stats", args=[tube.pk]))
+    page = response.content.decode()
+    assert response.status_code == 200
+    for key in ("tasks.ready", "tasks.taken", "tasks.buried", "tasks.delayed", "tasks.done", "calls.put"):
+        assert f"<code>{key}</code>" in page
+    assert "<title>ready: 1</title>" in page and "<title>buried: 1</title>" in page
+    assert "<title>put: 4</title>" in page
+    url = reverse("admin:django_taskloop_tube_changelist")
+    page = boss.post(url, {"action": "kick_all", "_selected_action": [tube.pk]}, follow=True).content.decode()
+    assert "Kicked 1 task(s)." in page
+    assert task(3).state == "r"
+
+
+def test_create_a_tube_through_the_admin(boss):
+    response = boss.post(
+        reverse("admin:django_taskloop_tube_add"), {"name": "jobs", "type": "utubettl", "ttl": "60"}
+    )
+    assert response.status_code == 302
+    tube = Tube.objects.get(name="jobs")
+    assert tube.type == "utubettl" and tube.ttl == 60
+
+
+def test_no_add_or_bulk_delete_of_tasks(boss, tube):
+    assert boss.get(reverse("admin:django_taskloop_task_add")).status_code == 403
+    page = boss.get(reverse(LIST)).content.decode()
+    assert 'value="delete_selected"' not in page and 'value="delete_tasks"' in page
+
+
+def test_viewer_sees_no_actions_and_cannot_act(viewer, tube):
+    page = viewer.get(reverse(LIST)).content.decode()
+    assert shown(page) == {0, 1, 2, 3, 4}
+    assert 'name="action"' not in page and 'name="_selected_action"' not in page
+    act(viewer, "delete_tasks", 0)
+    act(viewer, "bury_tasks", 0)
+    assert task(0).state == "r"
+    viewer.post(reverse("admin:django_taskloop_task_change", args=[task(0).pk]), {"pri": "9", "data": "{}"})
+    assert task(0).pri == 5
+    assert viewer.get(reverse("admin:django_taskloop_tube_stats", args=[tube.pk])).status_code == 200
+
+
+def test_change_permission_without_delete_permission_hides_delete(client, tube):
+    user = User.objects.create_user("operator", password="pw", is_staff=True)
+    for codename in ("view_task", "change_task"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client.force_login(user)
+    page = client.get(reverse(LIST)).content.decode()
+    assert 'value="bury_tasks"' in page and 'value="delete_tasks"' not in page
