@@ -1,0 +1,87 @@
+"""The dashboard: every loop, board and tube the user may see, with SVG charts; no CDN."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+
+from django_taskloop.admin.charts import bar_chart
+from django_taskloop.models import JobBoard, Tube
+from tests.testapp.models import IntLoop
+
+pytestmark = pytest.mark.django_db
+
+URL = "admin:django_taskloop_dashboard"
+
+
+@pytest.fixture
+def queues():
+    IntLoop.objects.add(range(1, 6))
+    IntLoop.objects.bump([1, 2], lock_for=900)
+    board = JobBoard.objects.create_board("builds")
+    board.claim(board.post("compile"), "w1", expiry=60)
+    board.post("test")
+    tube = Tube.objects.create_tube("emails", "fifo")
+    for n in range(3):
+        tube.put({"n": n})
+    tube.bury(tube.put({"n": 9}).pk)
+
+
+def test_dashboard_shows_every_queue_with_charts(client, queues):
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    response = client.get(reverse(URL))
+    page = response.content.decode()
+    assert response.status_code == 200
+    for queue in ("int loops", "builds", "emails"):
+        assert f'data-queue="{queue}"' in page
+    assert "<title>locked: 2</title>" in page and "<title>new: 3</title>" in page  # the loop
+    assert "<title>claimed: 1</title>" in page and "<title>unclaimed: 1</title>" in page  # the board
+    assert "<title>ready: 3</title>" in page and "<title>buried: 1</title>" in page  # the tube
+    assert "Everything, by state" in page and "Oldest lock" in page
+    assert "<title>10–60 min: 2</title>" in page  # lock ages of the loop
+    assert reverse("admin:testapp_intloop_stats") in page
+    # Offline: no script or stylesheet from another host.
+    assert not re.search(r'(src|href)="https?://', page)
+
+
+def test_viewer_of_tubes_only_sees_tubes(client, queues):
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_tube"))
+    client.force_login(user)
+    page = client.get(reverse(URL)).content.decode()
+    assert 'data-queue="emails"' in page
+    assert 'data-queue="builds"' not in page and 'data-queue="int loops"' not in page
+
+
+def test_staff_without_permissions_is_refused(client, queues):
+    client.force_login(User.objects.create_user("nobody", password="pw", is_staff=True))
+    assert client.get(reverse(URL)).status_code == 403
+
+
+def test_anonymous_is_sent_to_the_login_page(client):
+    response = client.get(reverse(URL))
+    assert response.status_code == 302 and reverse("admin:login") in response["Location"]
+
+
+def test_app_index_and_change_lists_link_the_dashboard(client, queues):
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    dashboard = reverse(URL)
+    assert dashboard in client.get(reverse("admin:app_list", args=["django_taskloop"])).content.decode()
+    for name in (
+        "django_taskloop_task_changelist",
+        "django_taskloop_job_changelist",
+        "testapp_intloop_changelist",
+    ):
+        assert dashboard in client.get(reverse(f"admin:{name}")).content.decode(), name
+
+
+def test_bar_chart_escapes_labels_and_scales_bars():
+    svg = bar_chart([("<b>", 10), ("half", 5), ("zero", 0)], title="T & t", width=420)
+    assert "&lt;b&gt;" in svg and "<b>" not in svg
+    assert "T &amp; t" in svg
+    widths = [int(w) for w in re.findall(r'<rect x="\d+" y="[\d.]+" width="(\d+)"', svg)]
+    assert widths[0] == 2 * widths[1] and widths[2] == 0
+    assert "no data" in bar_chart([], title="empty")
