@@ -273,3 +273,30 @@ def test_kill_9_of_a_worker_holding_tasks_runs_them_again_and_acks_each_once():
     # Only what the victim held may have run twice.
     victim = set(WorkLog.objects.filter(kind="slow", pid=first.pid).values_list("key", flat=True))
     assert {key for key, n in finished.items() if n > 1} <= victim
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_worker_picks_up_a_put_promptly():
+    drain = Tube.objects.create_tube("w-drain", "fifottl")
+    worker = start_workers("--only", "w-drain")
+    latencies = []
+    try:
+        warm = drain.put({})
+        wait_until(lambda: ends("drain")[str(warm.id)], timeout=60)
+        for _ in range(15):
+            time.sleep(0.3)  # let the worker go idle again
+            put_at = time.time()
+            task = drain.put({})
+            logged = wait_until(
+                lambda key=str(task.id): WorkLog.objects.filter(kind="drain", key=key).first(), timeout=30
+            )
+            latencies.append(logged.at - put_at)
+    finally:
+        output = stop(worker)
+    assert worker.returncode == 0, output
+    latencies.sort()
+    median = latencies[len(latencies) // 2]
+    print(f"idle pickup: median {median * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms")
+    # SPEC: take() sees a put from another process within 100 ms; generous for a busy machine.
+    assert median < 0.5

@@ -148,6 +148,11 @@ class TubeDriver(Driver):
     def claim(self, limit: int) -> list[Any]:
         return self.tube.take_many(limit, consumer=self.identity)
 
+    def wait_one(self, timeout: float) -> list[Any]:
+        """Wait up to ``timeout`` seconds for one task; ``take`` wakes as soon as one is put."""
+        task = self.tube.take(timeout, consumer=self.identity)
+        return [task] if task is not None else []
+
     def key(self, item: Any) -> Any:
         return item.id
 

@@ -25,7 +25,7 @@ from django.db import connections
 
 from ..conf import setting
 from . import Handler, get_handlers
-from .drivers import Driver, make_driver
+from .drivers import Driver, TubeDriver, make_driver
 
 __all__ = ["Worker", "run_workers"]
 
@@ -137,6 +137,14 @@ class Worker:
                 if os.getppid() != self._parent:
                     logger.warning("worker %s: supervisor gone, stopping", self.identity)
                     break
+                if len(self.drivers) == 1 and isinstance(self.drivers[0], TubeDriver):
+                    # One tube: block in take(timeout), which wakes on a put at once (NOTIFY on
+                    # PostgreSQL, a backed-off poll elsewhere) and then claim the rest in bulk.
+                    driver = self.drivers[0]
+                    first = driver.wait_one(1.0)
+                    if first:
+                        self.run_batch(driver, first)
+                    continue
                 # Idle: one indexed query per handler per poll, polls spaced out up to POLL_MAX.
                 self.wake.wait(idle)
                 idle = min(idle * float(setting("POLL_FACTOR")), float(setting("POLL_MAX")))
@@ -148,11 +156,23 @@ class Worker:
             connections.close_all()
         return 0
 
-    def run_batch(self, driver: Driver) -> int:
-        """Claim one batch for ``driver``, run its handler on each item, settle; return the size."""
+    def run_batch(self, driver: Driver, first: Sequence[Any] = ()) -> int:
+        """Claim one batch for ``driver``, run its handler on each item, settle; return the size.
+
+        ``first`` holds items already claimed (by a blocking wait) that start the batch.
+        """
         tally = self.tallies[driver.handler.name]
         t0 = time.monotonic()
-        items = driver.claim(driver.handler.batch)
+        items = list(first)
+        if self.stopping:
+            # A stop arrived while we waited: what the wait brought in goes straight back.
+            driver.give_back(items)
+            tally.given_back += len(items)
+            return 0
+        if not items:
+            # (After a blocking wait brought one item, run it at once: latency matters more
+            # than the batch there, and the next round claims a full batch anyway.)
+            items = driver.claim(driver.handler.batch)
         if not items:
             return 0
         t1 = time.monotonic()
