@@ -33,6 +33,11 @@ class Features:
     notify: bool
     #: Largest number of bound parameters worth putting in one statement.
     max_params: int
+    #: An index is read in ORDER BY order only if the ORDER BY repeats the leading index
+    #: columns that the WHERE pins with ``IS NULL`` (PostgreSQL does not count ``IS NULL`` as
+    #: an equality). MySQL/MariaDB need those columns left out of the ORDER BY: there, such a
+    #: column in it makes the planner sort. SQLite takes either.
+    order_by_repeats_null_prefix: bool = False
 
 
 @cache
@@ -45,6 +50,7 @@ def _features(alias: str, vendor: str, skip_locked: bool, of: bool) -> Features:
         notify=vendor == "postgresql",
         # SQLite's default limit is 32766 (3.32+); MySQL and PostgreSQL take 65535.
         max_params=30_000 if vendor == "sqlite" else 60_000,
+        order_by_repeats_null_prefix=vendor == "postgresql",
     )
 
 
