@@ -37,11 +37,8 @@ T = TypeVar("T")
 
 ONE_HOUR = 3600
 
-# The claim order of all three claim groups. ``lock_until`` is constant (NULL) within the
-# groups of unlocked rows, so putting it first changes no result, but it lets PostgreSQL see
-# that the claim index already delivers rows in this order (it does not treat ``IS NULL`` as
-# an equality when matching sort orders). NULLs first on ``last_updated``: never-updated
-# rows go before updated ones, as in doloop (MySQL's default, spelled out for PostgreSQL).
+# doloop's claim order, which the claim index (below) holds: oldest ``lock_until`` first, then
+# never-updated rows (NULLs first on every database), then oldest ``last_updated``, then id.
 CLAIM_ORDER = ("lock_until", F("last_updated").asc(nulls_first=True), "pk")
 
 
@@ -239,19 +236,30 @@ class TaskLoopQuerySet(models.QuerySet):
         # retries deadlocks only when it runs the outermost transaction itself.
         return self._claim(limit, lock_for, min_loop_time)
 
-    def _claim_groups(self, min_loop_time: float = ONE_HOUR) -> list[Q]:
-        """Return what is claimable, as one condition per claim group, best group first.
+    def _claim_groups(self, min_loop_time: float = ONE_HOUR) -> list[tuple[Q, tuple[Any, ...]]]:
+        """Return the claim groups, best first, as (claimable rows, their order).
 
-        Each group is one index range of the claim index in :data:`CLAIM_ORDER`, so a claim
-        reads only the rows it hands out, however large the loop and however idle.
+        Each group is one range of the claim index, read in index order, so a claim reads
+        only the rows it hands out, however large and however idle the loop. (One query with
+        ``OR`` would make the databases scan every idle row when nothing is due.)
         """
+        # Within the groups of unlocked rows, lock_until (and in the second, last_updated) is
+        # NULL throughout: leaving it out of the ORDER BY changes no result. Whether it must
+        # be left out, or repeated, for the index to deliver the order is the planner's call.
+        repeat = engine.features(self.db).order_by_repeats_null_prefix
         return [
             # Bumped, or locked by a claim that has expired.
-            Q(lock_until__lte=engine.DbNow()),
+            (Q(lock_until__lte=engine.DbNow()), CLAIM_ORDER),
             # Never updated.
-            Q(lock_until__isnull=True, last_updated__isnull=True),
+            (
+                Q(lock_until__isnull=True, last_updated__isnull=True),
+                CLAIM_ORDER if repeat else ("pk",),
+            ),
             # Idle for at least min_loop_time.
-            Q(lock_until__isnull=True, last_updated__lte=engine.DbNow(-min_loop_time)),
+            (
+                Q(lock_until__isnull=True, last_updated__lte=engine.DbNow(-min_loop_time)),
+                CLAIM_ORDER if repeat else CLAIM_ORDER[1:],
+            ),
         ]
 
     def _claim(self, limit: int, lock_for: float, min_loop_time: float) -> list[Any]:
@@ -261,12 +269,10 @@ class TaskLoopQuerySet(models.QuerySet):
         # keep each call within what one statement may bind.
         most = max(1, engine.features(self.db).max_params // 4)
         claimed: dict[Any, None] = {}
-        for claimable in self._claim_groups(min_loop_time):
+        for claimable, order in self._claim_groups(min_loop_time):
             while len(claimed) < limit:
                 want = min(limit - len(claimed), most)
-                got = engine.claim(
-                    queryset, limit=want, claimable=claimable, order_by=CLAIM_ORDER, changes=changes
-                )
+                got = engine.claim(queryset, limit=want, claimable=claimable, order_by=order, changes=changes)
                 claimed.update(dict.fromkeys(got))
                 if len(got) < want:
                     break
