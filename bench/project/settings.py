@@ -1,0 +1,32 @@
+"""Settings of our benchmark project. ``DATABASE_URL`` picks the database (default: SQLite at
+``$BENCH_SQLITE``)."""
+
+import os
+
+import dj_database_url
+
+SECRET_KEY = "bench-only"
+# DEBUG off: with it on, Django keeps every query in memory.
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_taskloop", "benchapp"]
+
+url = os.environ.get("DATABASE_URL") or "sqlite:///" + os.environ.get(
+    "BENCH_SQLITE", "/tmp/bench_taskloop.sqlite3"
+)
+DATABASES = {"default": dj_database_url.parse(url)}
+if "sqlite" in DATABASES["default"]["ENGINE"]:
+    DATABASES["default"]["OPTIONS"] = {"timeout": 30}
+if "mysql" in DATABASES["default"]["ENGINE"]:
+    DATABASES["default"]["OPTIONS"] = {"charset": "utf8mb4"}
+
+TASKLOOP: dict = {}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+}

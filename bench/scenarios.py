@@ -1,0 +1,325 @@
+"""Our system's benchmark scenarios, each on the database ``DATABASE_URL`` names.
+
+    DATABASE_URL=postgres:///bench_taskloop python bench/scenarios.py drain --jobs 20000 --processes 4
+
+Scenarios (each prints one ``BENCH {json}`` line for ``bench/run.py``):
+
+- ``setup``: create the tables (``migrate --run-syncdb``: the app's migrations when it has
+  them, else its models as they are).
+- ``drain``: fill the ``bench`` tube (a ``fifottl`` tube, the ``@tube`` default) with
+  ``--jobs`` no-op tasks, run ``manage.py workers --burst --processes N --only bench`` until
+  it exits, check every task ran exactly once.
+- ``enqueue``: ``tube.put`` one at a time (``--jobs`` puts, each its own transaction), and the
+  same puts inside one ``transaction.atomic()`` ("bulk": tubes have no bulk put).
+- ``latency``: a running (not burst) ``manage.py workers --only bench``, idle; ``--samples``
+  puts ``--gap`` seconds apart; put → handler start.
+- ``loop``: ``--processes`` processes ``claim(100)`` + ``did`` on ``--jobs`` loop ids.
+- ``board``: ``--processes`` processes ``claim_next`` + ``consume`` on ``--jobs`` posted jobs.
+- ``growth``: ``take(0)`` + ``ack`` latency on the tube as it grows through ``--sizes`` ready
+  tasks (median and p95 of ``--samples`` takes at each size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROJECT = HERE / "project"
+sys.path[:0] = [str(PROJECT), str(HERE.parent), str(HERE)]
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from benchapp.models import BenchLoop  # noqa: E402
+from common import (  # noqa: E402
+    RECORD_DIR_ENV,
+    check_once,
+    drain_rate,
+    emit,
+    fresh_dir,
+    latencies,
+    percentile,
+    read_records,
+    record,
+    spaced_puts,
+    wait_for_records,
+)
+from django.db import connection, connections, transaction  # noqa: E402
+
+from django_taskloop.models import Job, JobBoard, Task, Tube  # noqa: E402
+
+TUBE = "bench"
+BOARD = "bench"
+
+
+def bench_tube() -> Tube:
+    # The type the @tube decorator gives it by default, so the worker finds it as it expects.
+    return Tube.objects.create_tube(TUBE, "fifottl", if_not_exists=True)
+
+
+def empty_tube() -> Tube:
+    tube = bench_tube()
+    tube.truncate()
+    return tube
+
+
+def fill(tube: Tube, ns: range) -> None:
+    """Add ready tasks fast (plain bulk INSERTs of the rows ``put`` would write).
+
+    The drain measures the workers, not the filling; tubes have no bulk ``put`` (see the
+    ``enqueue`` scenario for ``put`` itself).
+    """
+    batch = 2000
+    ns = list(ns)
+    for start in range(0, len(ns), batch):
+        Task.objects.bulk_create(
+            [Task(tube_id=tube.pk, data=n, state="r", pri=tube.pri or 0) for n in ns[start : start + batch]]
+        )
+
+
+def workers_command(processes: int, burst: bool) -> list[str]:
+    cmd = [
+        sys.executable,
+        str(PROJECT / "manage.py"),
+        "workers",
+        "--processes",
+        str(processes),
+        "--only",
+        TUBE,
+    ]
+    return [*cmd, "--burst"] if burst else cmd
+
+
+def run_workers(processes: int, burst: bool, record_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, RECORD_DIR_ENV: str(record_dir)}
+    log = open(record_dir / "worker.out", "ab")  # noqa: SIM115
+    return subprocess.Popen(
+        workers_command(processes, burst),
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def drain(jobs: int, processes: int, record_dir: Path, timeout: float) -> dict:
+    tube = empty_tube()
+    fill(tube, range(jobs))
+    connections.close_all()
+    started = time.perf_counter()
+    proc = run_workers(processes, burst=True, record_dir=record_dir)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+    wall = time.perf_counter() - started
+    records = read_records(record_dir)
+    left = tube.statistics()["tasks"]
+    return {
+        "rate": drain_rate(records),
+        "wall_rate": jobs / wall,
+        "exit_code": proc.returncode,
+        "left": {k: v for k, v in left.items() if k in ("ready", "taken", "buried") and v},
+        **check_once(records, range(jobs)),
+    }
+
+
+def enqueue(jobs: int) -> dict:
+    tube = empty_tube()
+    started = time.perf_counter()
+    for n in range(jobs):
+        tube.put(n)
+    single = jobs / (time.perf_counter() - started)
+    tube.truncate()
+    started = time.perf_counter()
+    with transaction.atomic():
+        for n in range(jobs):
+            tube.put(n)
+    bulk = jobs / (time.perf_counter() - started)
+    tube.truncate()
+    return {"rate": single, "bulk_rate": bulk}
+
+
+def latency(samples: int, gap: float, record_dir: Path) -> dict:
+    tube = empty_tube()
+    connections.close_all()
+    proc = run_workers(1, burst=False, record_dir=record_dir)
+    try:
+        # Let it start and go idle: we measure pickup by a worker that was waiting.
+        time.sleep(4.0)
+        put_times = spaced_puts(tube.put, samples, gap)
+        wait_for_records(record_dir, samples, timeout=30)
+    finally:
+        stop(proc)
+    records = read_records(record_dir)
+    return {**latencies(records, put_times), **check_once(records, range(samples))}
+
+
+def _loop_worker(batch: int) -> None:
+    connections.close_all()
+    while True:
+        ids = BenchLoop.objects.claim(batch, lock_for=600)
+        if not ids:
+            break
+        for i in ids:
+            record(i)
+        BenchLoop.objects.did(ids)
+    connections.close_all()
+
+
+def loop(jobs: int, processes: int, batch: int, record_dir: Path) -> dict:
+    BenchLoop.objects.all()._raw_delete(BenchLoop.objects.db)
+    for start in range(0, jobs, 10000):
+        BenchLoop.objects.add(range(start, min(jobs, start + 10000)))
+    connections.close_all()
+    return _fork_run(_loop_worker, (batch,), processes, jobs, record_dir)
+
+
+def _board_worker(who: str) -> None:
+    connections.close_all()
+    board = JobBoard.objects.get(name=BOARD)
+    while True:
+        job = board.claim_next(who)
+        if job is None:
+            break
+        record(job.details["n"])
+        board.consume(job, who)
+    connections.close_all()
+
+
+def board(jobs: int, processes: int, record_dir: Path) -> dict:
+    board = JobBoard.objects.create_board(BOARD, if_not_exists=True)
+    Job.objects.filter(board_id=board.pk)._raw_delete(Job.objects.db)
+    with transaction.atomic():
+        for n in range(jobs):
+            board.post(f"job-{n}", details={"n": n})
+    connections.close_all()
+    return _fork_run(_board_worker, None, processes, jobs, record_dir)
+
+
+def _fork_run(target, args, processes: int, jobs: int, record_dir: Path) -> dict:
+    os.environ[RECORD_DIR_ENV] = str(record_dir)
+    ctx = multiprocessing.get_context("fork")
+    procs = [
+        ctx.Process(target=target, args=args if args is not None else (f"bench-{i}",))
+        for i in range(processes)
+    ]
+    started = time.perf_counter()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    wall = time.perf_counter() - started
+    records = read_records(record_dir)
+    return {
+        "rate": drain_rate(records),
+        "wall_rate": jobs / wall,
+        "exit_codes": [p.exitcode for p in procs],
+        **check_once(records, range(jobs)),
+    }
+
+
+def _grow_to(tube: Tube, size: int) -> None:
+    """Add ready tasks until the tube holds ``size`` of them (INSERT … SELECT: fast everywhere)."""
+    have = Task.objects.filter(tube_id=tube.pk).count()
+    if not have:
+        fill(tube, range(min(size, 10000)))
+        have = min(size, 10000)
+    table = Task._meta.db_table
+    columns = [f.column for f in Task._meta.concrete_fields if not f.primary_key]
+    quoted = ", ".join(connection.ops.quote_name(c) for c in columns)
+    while have < size:
+        step = min(have, size - have)
+        with connection.cursor() as cursor:
+            # MySQL cannot read the table it inserts into in one statement without a derived table.
+            cursor.execute(
+                f"INSERT INTO {table} ({quoted}) SELECT {quoted} FROM "
+                f"(SELECT {quoted} FROM {table} WHERE tube_id = %s ORDER BY id LIMIT %s) AS src",
+                [tube.pk, step],
+            )
+        have += step
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {table}")
+
+
+def growth(sizes: list[int], samples: int) -> dict:
+    tube = empty_tube()
+    out = {}
+    for size in sizes:
+        _grow_to(tube, size)
+        times = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            task = tube.take(0)
+            tube.ack(task.pk)
+            times.append((time.perf_counter() - started) * 1000)
+            # Keep the size: put back what was taken (not timed).
+            tube.put(task.data)
+        out[str(size)] = {"median_ms": statistics.median(times), "p95_ms": percentile(times, 95)}
+    tube.truncate()
+    return {"sizes": out}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "scenario", choices=["setup", "drain", "enqueue", "latency", "loop", "board", "growth"]
+    )
+    parser.add_argument("--jobs", type=int, default=20000)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--samples", type=int, default=50)
+    parser.add_argument("--gap", type=float, default=0.2)
+    parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--record-dir", default="/tmp/bench_records_taskloop")
+    args = parser.parse_args()
+    record_dir = fresh_dir(args.record_dir)
+    (record_dir / "worker.out").unlink(missing_ok=True)
+    if args.scenario == "setup":
+        from django.core.management import call_command
+
+        call_command("migrate", run_syncdb=True, verbosity=0)
+        result: dict = {}
+    elif args.scenario == "drain":
+        result = drain(args.jobs, args.processes, record_dir, args.timeout)
+    elif args.scenario == "enqueue":
+        result = enqueue(args.jobs)
+    elif args.scenario == "latency":
+        result = latency(args.samples, args.gap, record_dir)
+    elif args.scenario == "loop":
+        result = loop(args.jobs, args.processes, args.batch, record_dir)
+    elif args.scenario == "board":
+        result = board(args.jobs, args.processes, record_dir)
+    else:
+        result = growth([int(s) for s in args.sizes.split(",")], args.samples)
+    emit(
+        {"system": "taskloop", "scenario": args.scenario, "vendor": connection.vendor, **vars(args), **result}
+    )
+
+
+if __name__ == "__main__":
+    main()
