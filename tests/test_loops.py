@@ -814,3 +814,23 @@ def test_eight_processes_work_one_loop_without_holding_an_id_twice():
     assert not IntLoop.objects.filter(last_updated__isnull=True).exists()
     assert not IntLoop.objects.filter(lock_until__isnull=False).exists()
     assert sum(len(held) > 0 for held in results) >= 2  # the work really was shared
+
+
+# -- the demo's loop -----------------------------------------------------------------------------
+
+
+def test_demo_feed_loop_is_keyed_by_the_feed():
+    from demo.models import Feed, FeedLoop
+
+    a = Feed.objects.create(url="https://a.example/feed")
+    b = Feed.objects.create(url="https://b.example/feed")
+    a.save()  # saving again keeps its place
+    assert FeedLoop.objects.count() == 2
+    assert FeedLoop.objects.claim(10) == [a.pk, b.pk]
+    for feed in Feed.objects.filter(pk__in=[a.pk, b.pk]):
+        feed.fetch()
+    assert FeedLoop.objects.did([a, b]) == 2
+    assert FeedLoop.objects.bump(b) == 1
+    assert FeedLoop.objects.claim(10) == [b.pk]
+    b.delete()
+    assert FeedLoop.objects.stats()["min_id"] == a.pk == FeedLoop.objects.stats()["max_id"]
