@@ -2,7 +2,8 @@
 
 Imported by ``admin.autodiscover()``. It registers ``JobBoard``/``Job`` and ``Tube``/``Task``,
 and every concrete :class:`~django_taskloop.models.TaskLoop` subclass that its project does
-not register itself (see :func:`register_loops`). ``LockableAdmin`` and ``TaskLoopAdmin`` are
+not register itself (see :func:`register_loops`): a project registers its own ``ModelAdmin``
+for a loop in its ``admin.py`` as usual, with no ``unregister``. ``LockableAdmin`` and ``TaskLoopAdmin`` are
 public, to subclass in your own ``admin.py``.
 """
 
@@ -34,11 +35,13 @@ __all__ = [
 from django.contrib import admin as _admin  # noqa: E402
 
 from . import boards as _boards  # noqa: E402
+from . import loops as _loops  # noqa: E402
 from . import tubes as _tubes  # noqa: E402
 
 _boards.register(_admin.site)
 _tubes.register(_admin.site)
 
-# Loops of apps whose admin has already run, or that have none; register_loops() again from
-# an AppConfig.ready() catches those of apps whose admin modules come after this one.
+# Loops of apps whose admin has already run, or that have none, at once; the others when the
+# site builds its URLs, after every app's admin module has had its say.
 register_loops()
+_loops.register_loops_when_urls_are_built(_admin.site)

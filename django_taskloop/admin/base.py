@@ -7,7 +7,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from django.contrib import messages
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model
 from django.http import HttpRequest
@@ -71,6 +71,8 @@ class TaskloopAdminMixin:
 
     paginator = EstimatedCountPaginator
     show_full_result_count = False
+    # Facet counts run one COUNT per filter choice over the whole filtered table.
+    show_facets = admin.ShowFacets.NEVER
     list_per_page = 50
     change_list_template = "admin/django_taskloop/change_list.html"
 
@@ -101,8 +103,12 @@ class TaskloopAdminMixin:
         url = dashboard_url(self.admin_site)  # type: ignore[attr-defined]
         return [] if url is None else [(str(_("Dashboard")), url)]
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)  # type: ignore[misc]
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # ``action_location`` exists from Django 6.1 (actions on the change form too).
+        if action_location is None:
+            actions = super().get_actions(request)  # type: ignore[misc]
+        else:
+            actions = super().get_actions(request, action_location=action_location)  # type: ignore[misc]
         actions.pop("delete_selected", None)
         return actions
 

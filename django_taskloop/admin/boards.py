@@ -193,11 +193,11 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         "job_state",
         "board",
         "priority_display",
-        "claimed_by",
+        "owner_display",
         "claim_ends",
         "age",
         "last_modified",
-        "uuid",
+        "short_uuid",
     )
     list_display_links = ("name",)
     list_filter = (
@@ -211,6 +211,7 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     )
     list_select_related = ("board",)
     search_fields = ("=uuid", "name")
+    search_help_text = _("A job's uuid, or part of its name.")
     # Posting order (the primary key), newest first; priority sorts through the claim index.
     ordering = ("-sequence",)
     sortable_by = ("name", "priority_display", "age")
@@ -267,6 +268,16 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     def priority_display(self, obj: Job) -> str:
         priority = obj.priority
         return priority.name if isinstance(priority, JobPriority) else str(priority)
+
+    @admin.display(description=_("owner"))
+    def owner_display(self, obj: Job) -> str:
+        if obj.trashed:
+            return format_html("<small>{}</small> {}", _("trashed by"), obj.trashed_by or "?")
+        return obj.claimed_by or "—"
+
+    @admin.display(description=_("uuid"))
+    def short_uuid(self, obj: Job) -> str:
+        return format_html('<code title="{}">{}…</code>', obj.uuid, obj.uuid[:8])
 
     @admin.display(description=_("claim ends"))
     def claim_ends(self, obj: Job) -> str:

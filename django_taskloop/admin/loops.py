@@ -125,6 +125,7 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     sortable_by = ("pk_display", "lock_until", "lock_ends")
     ordering = ("-pk",)
     search_fields = ("=pk",)
+    search_help_text = _("An id.")
     actions = ["bump_now", "bump_to_top", "unlock_ids", "mark_done", "remove_ids"]
     paginator = EstimatedCountPaginator
 
@@ -183,7 +184,10 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         self.run_verb(
             request,
             lambda: self._manager(queryset).bump(ids, auto_add=False),
-            lambda n: f"Bumped {n} of {len(ids)} id(s); the others were already due.",
+            lambda n: (
+                f"Bumped {n} of {len(ids)} id(s)."
+                + ("" if n == len(ids) else " The others were already due sooner: a bump never postpones.")
+            ),
         )
 
     @admin.action(description=_("Bump to the top: claimed before everything else"), permissions=["change"])
@@ -301,3 +305,23 @@ def register_loops(site: admin.AdminSite | None = None, *, pending_ok: bool = Tr
         site.register(model, TaskLoopAdmin)
         registered.append(model)
     return registered
+
+
+def register_loops_when_urls_are_built(site: admin.AdminSite) -> None:
+    """Run :func:`register_loops` on ``site`` once more, just before it builds its URLs.
+
+    ``autodiscover()`` imports every app's ``admin`` module before any URLconf is loaded, so
+    at that moment every project-registered loop admin is known: whatever has none gets
+    :class:`TaskLoopAdmin`, in whatever order the apps are installed.
+    """
+    if getattr(site, "_taskloop_hooked", False):
+        return
+    build_urls = site.get_urls
+
+    def get_urls() -> list[Any]:
+        register_loops(site, pending_ok=False)
+        return build_urls()
+
+    # Set on the instance: a project's AdminSite subclass keeps its own get_urls.
+    site.get_urls = get_urls  # type: ignore[method-assign]
+    site._taskloop_hooked = True  # type: ignore[attr-defined]

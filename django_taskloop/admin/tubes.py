@@ -115,6 +115,9 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         ("ttl_at", DateTimeRangeFilterBuilder(title=_("expires (ttl)"))),
     )
     list_select_related = ("tube",)
+    # Shows the search box; get_search_results decides what a term means (id or utube key).
+    search_fields = ("utube",)
+    search_help_text = _("A task id, or a utube key.")
     # Newest first through the primary key: whatever the filters, no sort of a big table.
     ordering = ("-id",)
     sortable_by = ("id", "age")
@@ -167,7 +170,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("data"))
     def data_preview(self, obj: Task) -> str:
-        return Truncator(json.dumps(obj.data, ensure_ascii=False)).chars(60)
+        return Truncator(json.dumps(obj.data, ensure_ascii=False)).chars(40)
 
     def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
         changes = {name: form.cleaned_data[name] for name in form.changed_data}

@@ -1,0 +1,177 @@
+"""A real browser (Debian's chromium, driven by Playwright) operates the admin of a live server.
+
+Run with ``pytest -m browser tests/browser``; it needs the ``playwright`` package and
+``/usr/bin/chromium`` (``apt-get install chromium``; never ``playwright install``). Each page
+is saved under ``artifacts/screenshots/`` for CI to keep.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from django_taskloop.models import Job, JobBoard, Task, Tube
+from tests.testapp.models import IntLoop
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = os.environ.get("TASKLOOP_CHROMIUM", "/usr/bin/chromium")
+SHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    """A live server of the test project on 127.0.0.1 (pytest-django's uses ``localhost``)."""
+    from pytest_django.live_server_helper import LiveServer
+
+    live = LiveServer("127.0.0.1")
+    try:
+        yield live.url
+    finally:
+        live.stop()
+
+
+@pytest.fixture
+def page(server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:  # fail loudly: a skipped browser run would hide a broken admin
+        pytest.fail("the browser tests need `pip install playwright` (and Debian's chromium)")
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium"
+    # Playwright's sync API runs an event loop in this thread; the ORM calls of the test are
+    # still plain synchronous code between page actions.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        tab = context.new_page()
+        tab.set_default_timeout(20_000)
+        tab.base_url = server  # type: ignore[attr-defined]
+        try:
+            yield tab
+        finally:
+            context.close()
+            browser.close()
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def run_action(page: Any, action: str, *row_values: Any, **extra: str) -> str:
+    """Tick the rows, pick ``action``, fill the action form's extra fields, press Go."""
+    for value in row_values:
+        page.check(f'input[name="_selected_action"][value="{value}"]')
+    page.select_option('select[name="action"]', action)
+    for name, value in extra.items():
+        page.fill(f'[name="{name}"]', value)
+    page.click('button[name="index"]')
+    page.wait_for_load_state()
+    return page.inner_text("ul.messagelist")
+
+
+def row_of(page: Any, value: Any) -> Any:
+    return page.locator(
+        "#result_list tbody tr", has=page.locator(f'input[name="_selected_action"][value="{value}"]')
+    )
+
+
+def test_operate_the_queues_from_the_admin(page: Any) -> None:
+    User.objects.create_superuser("admin", "admin@example.com", "correct horse")
+    IntLoop.objects.add(range(1, 31), updated=True)
+    IntLoop.objects.add(range(31, 36))
+    IntLoop.objects.claim(3, lock_for=900)
+    board = JobBoard.objects.create_board("builds")
+    compile_job = board.post("compile", {"ref": "main"}, priority="HIGH")
+    board.claim(compile_job, "worker-1", expiry=600)
+    broken = board.post("deploy", {"env": "prod"})
+    board.claim(broken, "worker-2")
+    board.trash(broken, "worker-2")
+    board.post("lint")
+    tube = Tube.objects.create_tube("emails", "fifottl", ttr=300)
+    for n in range(4):
+        tube.put({"to": f"user{n}@example.com"}, pri=n)
+    victim = tube.put({"to": "bounce@example.com"}, pri=9)
+    tube.take(0, consumer="mailer-1")
+
+    base = page.base_url
+    # Log in.
+    page.goto(f"{base}/admin/login/?next=/admin/django_taskloop/jobboard/dashboard/")
+    shot(page, "01-login")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "correct horse")
+    page.click('input[type="submit"]')
+    page.wait_for_url("**/dashboard/")
+
+    # The dashboard: one card per queue, charts drawn on the server.
+    assert page.locator('section[data-queue="int loops"]').count() == 1
+    assert page.locator('section[data-queue="builds"]').count() == 1
+    assert page.locator('section[data-queue="emails"]').count() == 1
+    assert page.locator("svg.tl-chart").count() >= 6
+    shot(page, "02-dashboard")
+
+    # Bump a loop item: it becomes "bumped", first in line.
+    page.goto(f"{base}/admin/testapp/intloop/")
+    shot(page, "03-loop-list")
+    message = run_action(page, "bump_now", 7)
+    assert "Bumped 1 of 1" in message
+    assert row_of(page, 7).locator(".tl-state").inner_text() == "bumped"
+    shot(page, "04-loop-bumped")
+    assert IntLoop.objects.claim(1, lock_for=60) == [7]
+    page.goto(f"{base}/admin/testapp/intloop/stats/")
+    assert page.locator("svg.tl-chart").count() == 2
+    shot(page, "05-loop-stats")
+
+    # Bury a task, then kick it back.
+    page.goto(f"{base}/admin/django_taskloop/task/?tube__id__exact={tube.pk}")
+    shot(page, "06-task-list")
+    assert "Buried 1 task(s)." in run_action(page, "bury_tasks", victim.pk)
+    assert row_of(page, victim.pk).locator(".tl-state").inner_text() == "buried"
+    shot(page, "07-task-buried")
+    assert "Kicked 1 task(s)." in run_action(page, "kick_tasks", victim.pk)
+    assert row_of(page, victim.pk).locator(".tl-state").inner_text() == "ready"
+    shot(page, "08-task-kicked")
+    assert Task.objects.get(pk=victim.pk).state == "r"
+    page.goto(f"{base}/admin/django_taskloop/tube/{tube.pk}/stats/")
+    assert "calls.kick" in page.inner_text("table.tl-stats")
+    shot(page, "09-tube-stats")
+
+    # Abandon a claimed job.
+    page.goto(f"{base}/admin/django_taskloop/job/")
+    shot(page, "10-job-list")
+    assert "Abandoned 1 job(s)." in run_action(page, "abandon_jobs", compile_job.pk)
+    assert row_of(page, compile_job.pk).locator(".tl-state").inner_text() == "unclaimed"
+    shot(page, "11-job-abandoned")
+    assert board.find_owner(compile_job) is None
+
+    # Re-post a trashed job from the trash.
+    page.click("text=Trash")
+    page.wait_for_url("**state=trashed**")
+    assert row_of(page, broken.pk).locator(".tl-state").inner_text() == "trashed"
+    shot(page, "12-trash")
+    assert "Re-posted 1 job(s)." in run_action(page, "repost_jobs", broken.pk)
+    page.goto(f"{base}/admin/django_taskloop/job/?state=unclaimed")
+    reposted = Job.objects.filter(name="deploy", trashed=False).get()
+    assert row_of(page, reposted.pk).locator(".tl-state").inner_text() == "unclaimed"
+    assert reposted.details == {"env": "prod"}
+    shot(page, "13-job-reposted")
+    page.goto(f"{base}/admin/django_taskloop/jobboard/{board.pk}/stats/")
+    shot(page, "14-board-stats")
+    page.goto(f"{base}/admin/django_taskloop/")
+    shot(page, "15-app-index")
