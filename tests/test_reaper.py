@@ -44,17 +44,15 @@ def test_expired_job_claims_are_cleared():
 
 def test_tube_transitions_are_applied_and_counted_per_tube():
     tube = Tube.objects.create_tube("reap-ttl", "fifottl")
-    tube.put("later", delay=0.1)
-    tube.put("run")
-    taken = tube.take(0, consumer="ed")
-    tube.release(taken.id, consumer="ed")
-    taken = tube.take(0, consumer="ed")
+    tube.put("later", delay=0.8)
+    taken = tube.put("run")
+    assert tube.take(0, consumer="ed").id == taken.id
     Tube.objects.create_tube("reap-other", "fifo")
     # A ttr that runs out quickly, on a task taken now.
     short = Tube.objects.create_tube("reap-ttr", "fifottl", ttr=0.1)
     short.put("x")
     short.take(0, consumer="ed")
-    time.sleep(0.3)
+    time.sleep(1.0)
     report = reap()
     assert report["tubes"]["reap-ttl"]["delay"] == 1
     assert report["tubes"]["reap-ttr"]["ttr"] == 1

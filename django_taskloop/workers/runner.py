@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import random
 import signal
 import socket
 import sys
@@ -24,12 +25,16 @@ from typing import Any
 from django.db import connections
 
 from ..conf import setting
+from ..reaper import format_report, reap
 from . import Handler, get_handlers
 from .drivers import Driver, TubeDriver, make_driver
 
 __all__ = ["Worker", "run_workers"]
 
 logger = logging.getLogger("django_taskloop.workers")
+
+#: Seconds between two runs of the reaper in a long-running worker process.
+REAP_EVERY = 60.0
 
 
 class StopNow(BaseException):
@@ -247,8 +252,18 @@ class Worker:
     def _heartbeat(self, stop: threading.Event) -> None:
         """Renew the leases of the work in hand and record that this worker is alive."""
         due = {driver: 0.0 for driver in self.drivers}
+        # Long-running workers also do the reaper's upkeep (history and result pruning, dead
+        # consumers), spread out so that N processes do not all reap at once.
+        next_reap = time.monotonic() + REAP_EVERY * random.uniform(0.5, 1.0)
         try:
             while True:
+                if not self.burst and time.monotonic() >= next_reap:
+                    next_reap = time.monotonic() + REAP_EVERY * random.uniform(0.75, 1.25)
+                    try:
+                        for line in format_report(reap()):
+                            logger.debug("reaper: %s", line)
+                    except Exception:
+                        logger.exception("periodic reap failed")
                 for driver in self.drivers:
                     now = time.monotonic()
                     if now < due[driver]:
@@ -266,7 +281,7 @@ class Worker:
                         logger.exception(
                             "heartbeat of %s %s failed", driver.handler.kind, driver.handler.name
                         )
-                pause = min(due.values(), default=time.monotonic() + 10.0) - time.monotonic()
+                pause = min([*due.values(), next_reap]) - time.monotonic()
                 if stop.wait(max(0.01, pause)):
                     return
         finally:
