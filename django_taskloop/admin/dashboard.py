@@ -17,6 +17,7 @@ from .base import humanize_seconds, seconds_between
 from .boards import JOB_STATE_LABELS, board_overview
 from .charts import bar_chart
 from .loops import LOCK_BUCKETS, loop_models, loop_overview
+from .tubes import tube_depth
 
 __all__ = ["dashboard_view", "dashboard_data"]
 
@@ -46,7 +47,7 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
     for model in loop_models():
         if not _can_view(request, site, model):
             continue
-        overview = loop_overview(model)
+        overview = loop_overview(model, full_stats=False)
         stats = overview["stats"]
         depth = overview["depth"]
         label = str(model._meta.verbose_name_plural)
@@ -101,19 +102,21 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
             )
     if _can_view(request, site, Tube):
         for tube in Tube.objects.all()[:MAX_QUEUES]:
-            tasks = tube.statistics()["tasks"]
-            for state in ("ready", "taken", "delayed", "buried"):
-                depth_totals[f"task {state}"] = depth_totals.get(f"task {state}", 0) + tasks[state]
+            depth = tube_depth(tube)
+            for state, (count, _exact) in depth.items():
+                depth_totals[f"task {state}"] = depth_totals.get(f"task {state}", 0) + count
             cards.append(
                 {
                     "kind": _("tube (%(type)s)") % {"type": tube.type},
                     "title": tube.name,
                     "list_url": (_url(site, Task, "changelist") or "") + f"?tube__id__exact={tube.pk}",
                     "stats_url": _url(site, Tube, "stats", tube.pk),
-                    "rows": [(k, v) for k, v in tasks.items()],
+                    "rows": [
+                        (state if exact else f"{state} (≥)", count) for state, (count, exact) in depth.items()
+                    ],
                     "charts": [
                         bar_chart(
-                            [(state, tasks[state]) for state in ("ready", "taken", "delayed", "buried")],
+                            [(state, count) for state, (count, _exact) in depth.items()],
                             title=_("Queue depth by state"),
                         )
                     ],

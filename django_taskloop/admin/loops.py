@@ -8,7 +8,7 @@ from typing import Any
 from django.apps import apps
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Count, Min, Q, QuerySet
+from django.db.models import Count, Max, Min, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -16,7 +16,7 @@ from django.utils.module_loading import module_has_submodule
 from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
-from ..engine import DbNow
+from ..engine import DbNow, db_now
 from .base import (
     TaskloopAdminMixin,
     dashboard_url,
@@ -72,17 +72,29 @@ def capped_count(queryset: QuerySet[Any], cap: int = STATE_COUNT_CAP) -> tuple[i
     return (cap, False) if count > cap else (count, True)
 
 
-def loop_overview(model: Any, using: str | None = None) -> dict[str, Any]:
-    """Return a loop's stats, its depth by state and its lock ages, for the stats and dashboard pages.
+def loop_overview(model: Any, using: str | None = None, *, full_stats: bool = True) -> dict[str, Any]:
+    """Return a loop's depth by state, its lock ages and (``full_stats``) doloop's ``stats()``.
 
-    Every figure reads an index range or the table statistics: none of them counts a whole
-    big table.
+    Every figure reads an index range or stops counting at :data:`STATE_COUNT_CAP`: none of
+    them counts a whole big table. Without ``full_stats`` (the dashboard) only the two
+    figures it shows are read, each as one end of the claim index.
     """
     manager = model._default_manager if using is None else model._default_manager.db_manager(using)
-    stats = manager.stats()
-    depth = {"locked": (stats["locked"], True), "bumped": (stats["bumped"], True)}
-    for name in ("new", "idle"):
-        depth[name] = capped_count(manager.filter(LOOP_STATES[name]))
+    depth = {name: capped_count(manager.filter(condition)) for name, condition in LOOP_STATES.items()}
+    if full_stats:
+        stats = manager.stats()
+        depth["locked"] = (stats["locked"], True)
+        depth["bumped"] = (stats["bumped"], True)
+    else:
+        now = db_now(manager.db)
+        ends = manager.order_by().aggregate(
+            oldest_bump=Min("lock_until", filter=Q(lock_until__lte=now)),
+            last_lock=Max("lock_until", filter=Q(lock_until__gt=now)),
+        )
+        stats = {
+            "max_bump_time": seconds_between(now, ends["oldest_bump"]) or 0.0,
+            "max_lock_time": seconds_between(ends["last_lock"], now) or 0.0,
+        }
     buckets: dict[str, Any] = {}
     lower = 0
     for index, (upper, _label) in enumerate(LOCK_BUCKETS):

@@ -31,7 +31,7 @@ from .base import (
 )
 from .charts import bar_chart
 
-__all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "set_task"]
+__all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "set_task", "tube_depth", "tube_overview"]
 
 TASK_STATES = {READY: "ready", TAKEN: "taken", DELAYED: "delayed", BURIED: "buried"}
 
@@ -257,6 +257,20 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             self.message_user(request, f"Set the priority of {changed} task(s) to {pri}.", messages.SUCCESS)
         for reason in refused:
             self.message_user(request, reason, messages.ERROR)
+
+
+def tube_depth(tube: Tube, cap: int = 100_000) -> dict[str, tuple[int, bool]]:
+    """Return ``{state: (count, exact)}`` of a tube's tasks, each count stopping at ``cap``.
+
+    One range of the (tube, state, pri, id) index per state, instead of ``statistics()``'s
+    count of every task: the dashboard stays fast at millions of tasks.
+    """
+    using = tube._state.db or router.db_for_read(Task)
+    depth = {}
+    for code, name in TASK_STATES.items():
+        count = Task.objects.using(using).filter(tube=tube, state=code).order_by()[: cap + 1].count()
+        depth[name] = (min(count, cap), count <= cap)
+    return depth
 
 
 def tube_overview(tube: Tube) -> dict[str, Any]:
