@@ -614,14 +614,23 @@ class Tube(models.Model):
             # serve the id order.
             claimable &= Q(pri=0)
         if self._is_utube:
-            busy = Task.objects.filter(tube_id=self.pk)
-            claimable &= Q(utube__isnull=True) & ~Exists(busy.filter(taken_key="")) | Q(
+            # Only the head of a sub-queue is claimable: no task of it is taken, and no ready
+            # one comes before it. Two consumers then aim at the same row (one wins under
+            # SKIP LOCKED) instead of at two rows of one sub-queue, which the unique
+            # taken_key would refuse only after one waited for the other's commit.
+            alive = Q(ttl_at__isnull=True) | Q(ttl_at__gt=engine.DbNow()) if self._has_ttl else Q()
+            before = Q(pri__lt=OuterRef("pri")) | Q(pri=OuterRef("pri"), id__lt=OuterRef("id"))
+            ahead = Q(state=TAKEN) | Q(alive, before, state=READY)
+            siblings = Task.objects.filter(tube_id=self.pk)
+            claimable &= Q(utube__isnull=True) & ~Exists(siblings.filter(ahead, utube__isnull=True)) | Q(
                 utube__isnull=False
-            ) & ~Exists(busy.filter(taken_key=Concat(Value("."), OuterRef("utube"))))
+            ) & ~Exists(siblings.filter(ahead, utube=OuterRef("utube")))
         return claimable
 
     def _order(self) -> list[str]:
-        return ["pri", "id"] if self._has_ttl else ["id"]
+        # fifo/utube tasks all have pri 0, so this is their id order; saying pri too lets the
+        # claim index serve it (PostgreSQL would otherwise walk the primary key and filter).
+        return ["pri", "id"]
 
     def _take(self, limit: int, consumer: str) -> list[Task]:
         self._beat(consumer)
@@ -634,11 +643,10 @@ class Tube(models.Model):
         claimable = self._claimable()
 
         def work() -> list[Task]:
-            queryset = self._tasks()
-            if self._is_utube and limit > 1:
-                queryset = queryset.filter(pk__in=self._one_per_subqueue(limit))
+            # utube: the claimable rows are the sub-queue heads, so one batch never holds two
+            # tasks of one sub-queue.
             tasks = engine.claim(
-                queryset,
+                self._tasks(),
                 limit=limit,
                 claimable=claimable,
                 order_by=self._order(),
@@ -664,19 +672,6 @@ class Tube(models.Model):
                 self._ensure_exists()
             return tasks
         return []
-
-    def _one_per_subqueue(self, limit: int) -> list[int]:
-        """Candidates for a utube batch: the best ready task of each free sub-queue."""
-        seen: set[Any] = set()
-        chosen = []
-        rows = self._tasks().filter(self._claimable()).order_by(*self._order())
-        for pk, key in rows.values_list("pk", "utube")[: limit * 4]:
-            if key not in seen:
-                seen.add(key)
-                chosen.append(pk)
-                if len(chosen) == limit:
-                    break
-        return chosen
 
     def ack(self, task_id: int, consumer: str | None = None) -> Task:
         """Finish the task ``consumer`` holds: remove it and return it with state ``"-"``."""
@@ -996,6 +991,9 @@ class Task(models.Model):
             # Due timers: delayed and taken tasks by event_at.
             models.Index(fields=["tube", "state", "event_at"], name="taskloop_task_event"),
             models.Index(fields=["tube", "ttl_at"], name="taskloop_task_ttl"),
+            # A utube task's siblings, for "is it the head of its sub-queue?". Only inserts and
+            # deletes touch it (no state in it), so fifo tubes pay little for it.
+            models.Index(fields=["tube", "utube", "id"], name="taskloop_task_utube"),
         ]
         constraints = [
             models.UniqueConstraint(fields=["tube", "taken_key"], name="taskloop_task_utube_taken"),
