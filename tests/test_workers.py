@@ -200,11 +200,13 @@ def test_sigterm_lets_work_in_hand_finish_nothing_lost_nothing_twice():
     first = ends("slow")
     assert first, output
     # Everything started was finished; what was not started went back to ready.
-    assert set(WorkLog.objects.filter(kind="slow", phase="start").values_list("key", flat=True)) == set(first)
-    assert slow.statistics()["tasks"]["taken"] == 0
+    assert set(WorkLog.objects.filter(kind="slow", phase="start").values_list("key", flat=True)) == set(
+        first
+    ), output
+    assert slow.statistics()["tasks"]["taken"] == 0, output
     again = run_workers("--burst", "--only", "w-slow")
     assert again.returncode == 0, again.stderr
-    assert ends("slow") == Counter({str(i): 1 for i in ids})
+    assert ends("slow") == Counter({str(i): 1 for i in ids}), output + again.stderr
     assert slow.statistics()["tasks"]["total"] == 0
 
 

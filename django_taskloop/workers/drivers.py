@@ -6,6 +6,7 @@ A driver speaks one facade's public API (loops, job boards, tubes) so that the w
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -15,6 +16,8 @@ from typing import Any
 from ..conf import setting
 from ..exceptions import NotFound, NotTaken, TaskloopError
 from . import Handler
+
+logger = logging.getLogger("django_taskloop.workers")
 
 __all__ = ["Driver", "LoopDriver", "TubeDriver", "BoardDriver", "make_driver", "backoff"]
 
@@ -158,7 +161,16 @@ class TubeDriver(Driver):
 
     def done(self, items: Sequence[Any]) -> None:
         ids = [task.id for task in items]
-        self.tube.ack_many(ids, consumer=self.identity)
+        acked = self.tube.ack_many(ids, consumer=self.identity)
+        if acked < len(ids):
+            # The lease ran out under the handler (ttr passed without a beat, or this
+            # consumer was taken for dead): those tasks are back in the queue and will run again.
+            logger.warning(
+                "tube %s: %d of %d finished tasks had lost their lease",
+                self.tube.name,
+                len(ids) - acked,
+                len(ids),
+            )
         self._forget(ids)
 
     def failed(self, item: Any, error: BaseException) -> str:
