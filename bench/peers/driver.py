@@ -115,8 +115,11 @@ def start_workers(processes: int, burst: bool, record_dir: Path) -> list[subproc
     ]
 
 
-def stop_workers(procs: list[subprocess.Popen], grace: float = 15.0) -> None:
-    """Stop the workers (the whole process group: qcluster and dj_queue fork children)."""
+def stop_workers(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
+    """Stop the workers (the whole process group: qcluster and dj_queue fork children).
+
+    Every job has been seen by then, so a short grace is enough: the stop is not measured.
+    """
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
