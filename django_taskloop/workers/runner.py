@@ -59,7 +59,12 @@ class Worker:
     """Run ``handlers`` in this process until stopped (or, with ``burst``, until idle)."""
 
     def __init__(
-        self, handlers: Sequence[Handler], *, burst: bool = False, identity: str | None = None
+        self,
+        handlers: Sequence[Handler],
+        *,
+        burst: bool = False,
+        identity: str | None = None,
+        supervised: bool = False,
     ) -> None:
         self.identity = identity or f"{socket.gethostname()}:{os.getpid()}:worker"
         self.drivers: list[Driver] = [make_driver(handler, self.identity) for handler in handlers]
@@ -73,7 +78,9 @@ class Worker:
         # stop gives back.
         self.inflight: dict[Driver, list[Any]] = {}
         self.inflight_lock = threading.Lock()
-        self._parent = os.getppid()
+        # A supervised child stops when its supervisor is gone (kill -9 of the supervisor);
+        # a worker run on its own may well outlive the shell that started it.
+        self._parent = os.getppid() if supervised else None
 
     # Signals -----------------------------------------------------------------------------
 
@@ -139,7 +146,7 @@ class Worker:
                     continue
                 if self.burst:
                     break
-                if os.getppid() != self._parent:
+                if self._parent is not None and os.getppid() != self._parent:
                     logger.warning("worker %s: supervisor gone, stopping", self.identity)
                     break
                 if len(self.drivers) == 1 and isinstance(self.drivers[0], TubeDriver):
@@ -308,7 +315,7 @@ def _child(names: list[str], burst: bool) -> None:
     os.setpgrp()
     connections.close_all()
     handlers = get_handlers(names)
-    sys.exit(Worker(handlers, burst=burst).run())
+    sys.exit(Worker(handlers, burst=burst, supervised=True).run())
 
 
 def run_workers(only: Sequence[str] | None = None, *, processes: int = 1, burst: bool = False) -> int:
