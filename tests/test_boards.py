@@ -204,7 +204,9 @@ def test_release_verbs_failure_matrix(board, verb):
         assert mine.state == "UNCLAIMED"
     else:
         assert mine.state == "COMPLETE"
-        with pytest.raises(NotFound):  # consume twice, trash twice, ...
+        with pytest.raises(
+            NotFound, match=f"not found to be {verb.rstrip('e')}ed"
+        ):  # consume twice, trash twice
             act(mine, "ann")
         for again in ("abandon", "consume", "trash"):
             with pytest.raises(NotFound):

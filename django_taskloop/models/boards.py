@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any, Self
 
 from django.core.validators import RegexValidator
-from django.db import IntegrityError, connections, models, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import BooleanField, Case, Q, Value, When
 
 from .. import engine
@@ -65,6 +65,7 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,100}\Z", re.ASCII)
 _OWNER_LENGTH = 255
 _JOB_NAME_LENGTH = 255
 _KIND_LENGTH = 100
+_PAST = {"abandon": "abandoned", "consume": "consumed", "trash": "trashed"}
 
 
 class JobPriority(enum.Enum):
@@ -270,7 +271,7 @@ class JobBoard(models.Model):
 
     @property
     def _alias(self) -> str:
-        return self._state.db or "default"
+        return self._state.db or router.db_for_write(type(self), instance=self)
 
     def _jobs(self) -> JobQuerySet:
         """This board's live (not trashed) jobs, on the board's database."""
@@ -295,7 +296,7 @@ class JobBoard(models.Model):
         """Return ``job`` locked, if ``who`` holds a live claim on it; else raise per SPEC §2."""
         row = self._locked_job(job)
         if row is None:
-            raise NotFound(f"job {_job_uuid(job)} not found to be {verb}ed on board {self.name!r}")
+            raise NotFound(f"job {_job_uuid(job)} not found to be {_PAST[verb]} on board {self.name!r}")
         if not row.live_claim:
             raise NotFound(f"cannot {verb} job {row.uuid}: it is not claimed")
         if row.claimed_by != who:
@@ -636,7 +637,7 @@ class Job(models.Model):
 
     @property
     def _alias(self) -> str:
-        return self._state.db or "default"
+        return self._state.db or router.db_for_write(type(self), instance=self)
 
     def _read(self) -> dict[str, Any] | None:
         """Read this job's row and its claim's liveness, computed on the database's clock."""
@@ -791,5 +792,7 @@ class BoardEntity(models.Model):
 
     def is_stale(self, timeout: float | None = None) -> bool:
         """Say whether this entity's last heartbeat is older than ``timeout`` (database clock)."""
-        entities = BoardEntity.objects.db_manager(self._state.db or "default").filter(pk=self.pk)
+        entities = BoardEntity.objects.db_manager(
+            self._state.db or router.db_for_read(BoardEntity, instance=self)
+        ).filter(pk=self.pk)
         return entities.stale(timeout).exists()
