@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from django.core.management import call_command
 
-from django_taskloop.models import JobBoard, Tube
+from django_taskloop.models import BoardEntity, Consumer, JobBoard, Tube
 from django_taskloop.workers import Handler, board, get_handlers, loop, registry, tube
 from tests.testapp.models import WorkerLoop, WorkLog
 
@@ -101,6 +101,9 @@ def test_burst_drains_a_tube_a_board_and_a_loop():
     assert stats["tasks"]["done"] == 120
     assert stats["calls"]["ack"] == 120
     assert builds.job_count == 0
+    # Each worker process registered itself on the board and as the tube's consumer.
+    assert BoardEntity.objects.filter(board=builds, kind="worker").count() == 2
+    assert Consumer.objects.filter(name__endswith=":worker").count() >= 1
     assert WorkerLoop.objects.filter(last_updated__isnull=True).count() == 0
     assert WorkerLoop.objects.filter(lock_until__isnull=False).count() == 0
     # Two processes shared the work, and said what they did.
@@ -232,6 +235,32 @@ def test_second_signal_gives_everything_back_at_once():
     assert worker.returncode == 0, output
     assert "giving everything back now" in output
     assert "1 given back" in output
+    assert slow.peek(task.id).state == "r"
+    assert not ends("slow")
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_work_still_running_when_the_grace_period_ends_is_given_back():
+    slow = Tube.objects.create_tube("w-slow", "fifottl", ttr=2)
+    task = slow.put({"sleep": 60})
+    worker = start_workers(
+        "--only",
+        "w-slow",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES='{"GRACE_PERIOD": 1, "HEARTBEAT_INTERVAL": 0.5}',
+    )
+    try:
+        wait_until(lambda: WorkLog.objects.filter(kind="slow", phase="start").exists(), timeout=60)
+        started = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        output = stop(worker, timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert 0.9 < time.monotonic() - started < 15
+    assert worker.returncode == 0, output
+    assert "grace period over" in output
     assert slow.peek(task.id).state == "r"
     assert not ends("slow")
 
