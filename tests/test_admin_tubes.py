@@ -191,3 +191,20 @@ def test_change_permission_without_delete_permission_hides_delete(client, tube):
     client.force_login(user)
     page = client.get(reverse(LIST)).content.decode()
     assert 'value="bury_tasks"' in page and 'value="delete_tasks"' not in page
+
+
+def test_stats_of_a_big_tube_cap_the_counts_and_offer_the_exact_statistics(boss, tube, monkeypatch):
+    import django_taskloop.admin.tubes as tubes_admin
+
+    monkeypatch.setattr(tubes_admin, "STATE_COUNT_CAP", 1)
+    for n in range(3):
+        tube.put({"n": 10 + n})
+    url = reverse("admin:django_taskloop_tube_stats", args=[tube.pk])
+    page = boss.get(url).content.decode()
+    assert "Task counts stop at 1 per state" in page and "?exact=1" in page
+    assert "<title>ready: 1</title>" in page  # capped
+    exact = tube.statistics()
+    assert f"<title>put: {exact['calls']['put']}</title>" in page  # counters are exact
+    page = boss.get(url, {"exact": "1"}).content.decode()
+    assert "Task counts stop" not in page
+    assert f"<title>ready: {exact['tasks']['ready']}</title>" in page

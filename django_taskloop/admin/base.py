@@ -121,6 +121,7 @@ class TaskloopAdminMixin:
         # Read the clock once, so that every row of the page is measured against one "now".
         # A context variable, not an attribute: one ModelAdmin instance serves every thread.
         token = _NOW.set(self.db_now(request))
+        names = _NAMES.set({})
         extra_context = {"taskloop_links": self.get_taskloop_links(request), **(extra_context or {})}
         try:
             response = super().changelist_view(request, extra_context)  # type: ignore[misc]
@@ -130,6 +131,7 @@ class TaskloopAdminMixin:
             return response
         finally:
             _NOW.reset(token)
+            _NAMES.reset(names)
 
     def run_verb(
         self,
@@ -150,6 +152,24 @@ class TaskloopAdminMixin:
         """Raise ``PermissionDenied`` unless the user has ``permission`` (``change``, ``delete``…)."""
         if not getattr(self, f"has_{permission}_permission")(request, obj):
             raise PermissionDenied
+
+
+_NAMES: ContextVar[dict[Any, dict[Any, str]] | None] = ContextVar("taskloop_admin_names", default=None)
+
+
+def names_of(model: Any, pk: Any) -> str:
+    """Return ``str()`` of the ``model`` row ``pk`` (a tube, a board), one query per page.
+
+    Tubes and boards are few: reading them all once is cheaper than joining them to a
+    million tasks, and keeps the list query on one table's index.
+    """
+    cache = _NAMES.get()
+    if cache is None:
+        cache = {}
+        _NAMES.set(cache)
+    if model not in cache:
+        cache[model] = {row.pk: str(row) for row in model._default_manager.all()}
+    return cache[model].get(pk, str(pk))
 
 
 def dashboard_url(site: Any) -> str | None:

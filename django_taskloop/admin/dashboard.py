@@ -16,7 +16,7 @@ from ..models.tubes import Task, Tube
 from .base import humanize_seconds, seconds_between
 from .boards import JOB_STATE_LABELS, board_overview
 from .charts import bar_chart
-from .loops import LOCK_BUCKETS, loop_models, loop_overview
+from .loops import DASHBOARD_COUNT_CAP, LOCK_BUCKETS, loop_models, loop_overview
 from .tubes import tube_depth
 
 __all__ = ["dashboard_view", "dashboard_data"]
@@ -47,7 +47,7 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
     for model in loop_models():
         if not _can_view(request, site, model):
             continue
-        overview = loop_overview(model, full_stats=False)
+        overview = loop_overview(model, full_stats=False, cap=DASHBOARD_COUNT_CAP)
         stats = overview["stats"]
         depth = overview["depth"]
         label = str(model._meta.verbose_name_plural)
@@ -102,7 +102,7 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
             )
     if _can_view(request, site, Tube):
         for tube in Tube.objects.all()[:MAX_QUEUES]:
-            depth = tube_depth(tube)
+            depth = tube_depth(tube, DASHBOARD_COUNT_CAP)
             for state, (count, _exact) in depth.items():
                 depth_totals[f"task {state}"] = depth_totals.get(f"task {state}", 0) + count
             cards.append(

@@ -7,8 +7,9 @@ from typing import Any
 
 from django.apps import apps
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Count, Max, Min, Q, QuerySet
+from django.db.models import F, Min, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -32,8 +33,10 @@ __all__ = ["LoopStateFilter", "TaskLoopAdmin", "loop_models", "loop_overview", "
 
 # Buckets of "time until the lock ends", for the lock-age chart.
 LOCK_BUCKETS = ((60, "< 1 min"), (600, "1–10 min"), (3600, "10–60 min"), (6 * 3600, "1–6 h"), (None, "> 6 h"))
-# Counting beyond this many rows of one state is not worth a slow page: show "100,000+".
+# Counting beyond this many rows of one state is not worth a slow page: show "100,000 (≥)".
 STATE_COUNT_CAP = 100_000
+# The dashboard shows every queue at once: it stops counting sooner.
+DASHBOARD_COUNT_CAP = 10_000
 
 
 def loop_state(obj: Any, now: Any) -> str:
@@ -72,7 +75,9 @@ def capped_count(queryset: QuerySet[Any], cap: int = STATE_COUNT_CAP) -> tuple[i
     return (cap, False) if count > cap else (count, True)
 
 
-def loop_overview(model: Any, using: str | None = None, *, full_stats: bool = True) -> dict[str, Any]:
+def loop_overview(
+    model: Any, using: str | None = None, *, full_stats: bool = True, cap: int = STATE_COUNT_CAP
+) -> dict[str, Any]:
     """Return a loop's depth by state, its lock ages and (``full_stats``) doloop's ``stats()``.
 
     Every figure reads an index range or stops counting at :data:`STATE_COUNT_CAP`: none of
@@ -80,32 +85,31 @@ def loop_overview(model: Any, using: str | None = None, *, full_stats: bool = Tr
     figures it shows are read, each as one end of the claim index.
     """
     manager = model._default_manager if using is None else model._default_manager.db_manager(using)
-    depth = {name: capped_count(manager.filter(condition)) for name, condition in LOOP_STATES.items()}
+    depth = {name: capped_count(manager.filter(condition), cap) for name, condition in LOOP_STATES.items()}
     if full_stats:
         stats = manager.stats()
         depth["locked"] = (stats["locked"], True)
         depth["bumped"] = (stats["bumped"], True)
     else:
         now = db_now(manager.db)
-        ends = manager.order_by().aggregate(
-            oldest_bump=Min("lock_until", filter=Q(lock_until__lte=now)),
-            last_lock=Max("lock_until", filter=Q(lock_until__gt=now)),
-        )
+        # Each one row from one end of an index range (a filtered MIN/MAX scans the table).
+        lock_until = manager.order_by().values_list("lock_until", flat=True)
+        oldest_bump = lock_until.filter(lock_until__lte=now).order_by("lock_until").first()
+        last_lock = lock_until.filter(lock_until__gt=now).order_by("-lock_until").first()
         stats = {
-            "max_bump_time": seconds_between(now, ends["oldest_bump"]) or 0.0,
-            "max_lock_time": seconds_between(ends["last_lock"], now) or 0.0,
+            "max_bump_time": seconds_between(now, oldest_bump) or 0.0,
+            "max_lock_time": seconds_between(last_lock, now) or 0.0,
         }
-    buckets: dict[str, Any] = {}
+    # One range of the claim index per bucket, each counted up to the cap: a CASE aggregate
+    # over every locked row would read them all.
+    ages = {}
     lower = 0
-    for index, (upper, _label) in enumerate(LOCK_BUCKETS):
+    for upper, label in LOCK_BUCKETS:
         condition = Q(lock_until__gt=DbNow(lower))
         if upper is not None:
             condition &= Q(lock_until__lte=DbNow(upper))
-        buckets[f"bucket{index}"] = Count("pk", filter=condition)
+        ages[label] = capped_count(manager.filter(condition), cap)[0]
         lower = upper or lower
-    # Only locked rows are aggregated: a range of the claim index, workers x batch rows.
-    counts = manager.filter(lock_until__gt=DbNow()).order_by().aggregate(**buckets)
-    ages = {label: counts[f"bucket{index}"] for index, (_upper, label) in enumerate(LOCK_BUCKETS)}
     return {"stats": stats, "depth": depth, "lock_ages": ages}
 
 
@@ -114,6 +118,23 @@ def depth_chart(depth: dict[str, tuple[int, bool]], title: str) -> Any:
         [(name if exact else f"{name} (capped)", count) for name, (count, exact) in depth.items()],
         title=title,
     )
+
+
+class LoopChangeList(ChangeList):
+    """A change list whose sort by ``lock_until`` follows the claim index to the end.
+
+    Django makes every sort total by appending ``-pk``; ``lock_until, -id`` is no prefix of
+    the index (lock_until, last_updated, id), so the database would sort the whole table.
+    ``lock_until, last_updated, id`` (each way, NULLs placed as the index has them) is.
+    """
+
+    def get_ordering(self, request: HttpRequest, queryset: QuerySet[Any]) -> list[Any]:
+        ordering = super().get_ordering(request, queryset)
+        if not ordering or ordering[0] not in ("lock_until", "-lock_until"):
+            return ordering
+        if ordering[0] == "-lock_until":
+            return [F("lock_until").desc(), F("last_updated").desc(nulls_last=True), "-pk"]
+        return [F("lock_until").asc(), F("last_updated").asc(nulls_first=True), "pk"]
 
 
 class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
@@ -157,6 +178,9 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     def get_ordering(self, request: HttpRequest) -> Any:
         return (f"-{self.model._meta.pk.name}",)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return LoopChangeList
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # Ids join a loop through add()/did()/bump(), which workers and code call.
