@@ -539,7 +539,7 @@ def plot(results: list[dict], out: Path, databases: list[str]) -> Path | None:
         print("matplotlib is missing: no plot")
         return None
     table = collect(results)
-    fig, axes = plt.subplots(1, len(databases), figsize=(5 * len(databases), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(databases), figsize=(max(11, 4.6 * len(databases)), 5), squeeze=False)
     series = [
         ("taskloop", "workers", "django-taskloop (workers)", "o-"),
         ("raw", "batch 100", "raw SQL, batch 100", "k--"),
@@ -568,7 +568,7 @@ def plot(results: list[dict], out: Path, databases: list[str]) -> Path | None:
     axes[0][0].set_ylabel("drained jobs/s (log scale)")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=9)
-    fig.suptitle("Drain throughput of no-op jobs against worker processes (2-core machine)")
+    fig.suptitle("Drain throughput of no-op jobs against worker processes (2-core machine)", fontsize=11)
     fig.tight_layout(rect=(0, 0.12, 1, 0.95))
     path = out / "throughput.png"
     fig.savefig(path, dpi=110)
