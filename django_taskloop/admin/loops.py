@@ -33,10 +33,10 @@ __all__ = ["LoopStateFilter", "TaskLoopAdmin", "loop_models", "loop_overview", "
 
 # Buckets of "time until the lock ends", for the lock-age chart.
 LOCK_BUCKETS = ((60, "< 1 min"), (600, "1–10 min"), (3600, "10–60 min"), (6 * 3600, "1–6 h"), (None, "> 6 h"))
-# Counting beyond this many rows of one state is not worth a slow page: show "100,000 (≥)".
-STATE_COUNT_CAP = 100_000
+# Counting beyond this many rows of one state is not worth a slow page: show "10,000 (≥)".
+STATE_COUNT_CAP = 10_000
 # The dashboard shows every queue at once: it stops counting sooner.
-DASHBOARD_COUNT_CAP = 10_000
+DASHBOARD_COUNT_CAP = 5_000
 
 
 def loop_state(obj: Any, now: Any) -> str:
@@ -94,11 +94,16 @@ def loop_overview(
         now = db_now(manager.db)
         # Each one row from one end of an index range (a filtered MIN/MAX scans the table).
         lock_until = manager.order_by().values_list("lock_until", flat=True)
-        oldest_bump = lock_until.filter(lock_until__lte=now).order_by("lock_until").first()
-        last_lock = lock_until.filter(lock_until__gt=now).order_by("-lock_until").first()
+        # Skipped when the depth already says there is nothing to find.
+        oldest_bump = (
+            depth["bumped"][0] and lock_until.filter(lock_until__lte=now).order_by("lock_until").first()
+        )
+        last_lock = (
+            depth["locked"][0] and lock_until.filter(lock_until__gt=now).order_by("-lock_until").first()
+        )
         stats = {
-            "max_bump_time": seconds_between(now, oldest_bump) or 0.0,
-            "max_lock_time": seconds_between(last_lock, now) or 0.0,
+            "max_bump_time": seconds_between(now, oldest_bump or None) or 0.0,
+            "max_lock_time": seconds_between(last_lock or None, now) or 0.0,
         }
     # One range of the claim index per bucket, each counted up to the cap: a CASE aggregate
     # over every locked row would read them all.
@@ -108,7 +113,7 @@ def loop_overview(
         condition = Q(lock_until__gt=DbNow(lower))
         if upper is not None:
             condition &= Q(lock_until__lte=DbNow(upper))
-        ages[label] = capped_count(manager.filter(condition), cap)[0]
+        ages[label] = capped_count(manager.filter(condition), cap)[0] if depth["locked"][0] else 0
         lower = upper or lower
     return {"stats": stats, "depth": depth, "lock_ages": ages}
 

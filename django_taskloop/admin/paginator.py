@@ -52,7 +52,7 @@ class EstimatedCountPaginator(Paginator):
     the template whether to say "about" or "more than".
     """
 
-    exact_limit = 10_000
+    exact_limit = 1_000
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
