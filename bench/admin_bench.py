@@ -181,6 +181,8 @@ def measure(runs: int, budget: float) -> int:
     print(
         f"\n{connection.vendor} {connection.pg_version if connection.vendor == 'postgresql' else connection.mysql_version}"
     )
+    # The machine's load changes these numbers more than anything else: say what it was.
+    print("load average (1, 5, 15 min): " + ", ".join(f"{value:.1f}" for value in os.getloadavg()))
     print(f"{'page':34} {'median ms':>10} {'worst ms':>10} {'queries':>8}")
     for name, url in pages():
         response = client.get(url)  # warm-up (and a check that the page works)
@@ -210,6 +212,7 @@ def main() -> None:
     setup_database(options.rebuild)
     fill(options.rows)
     slow = measure(options.runs, options.budget)
+    print("load average (1, 5, 15 min): " + ", ".join(f"{value:.1f}" for value in os.getloadavg()))
     print(
         f"\n{slow} page(s) over {options.budget:.0f} ms"
         if slow
