@@ -158,6 +158,8 @@ def pages() -> list[tuple[str, str]]:
         ("tasks: state=buried", f"{tasks}?state=buried"),
         ("tasks: pri 3..4", f"{tasks}?pri__range__gte=3&pri__range__lte=4"),
         ("tasks: created range", f"{tasks}?created__range__gte_0={day}&created__range__gte_1=00:00:00"),
+        ("tasks: created before 2000", f"{tasks}?created__range__lte_0={day}&created__range__lte_1=00:00:00"),
+        ("tasks: tube + pri 100..200", f"{tasks}?{t}&pri__range__gte=100&pri__range__lte=200"),
         ("tasks: event_at range", f"{tasks}?event_at__range__gte_0={day}&event_at__range__gte_1=00:00:00"),
         ("tasks: ttl_at range", f"{tasks}?ttl_at__range__gte_0={day}&ttl_at__range__gte_1=00:00:00"),
         ("tasks: search id", f"{tasks}?q=765432"),
