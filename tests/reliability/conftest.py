@@ -189,6 +189,23 @@ class Server:
         self.execute("SELECT 1", database=None)
         return True
 
+    def reachable(self) -> bool:
+        """Say whether the server answers right now."""
+        try:
+            return self.ping()
+        except self.driver_errors():
+            return False
+
+    def driver_errors(self) -> tuple[type[BaseException], ...]:
+        """The driver's error classes (a refused connection, a killed session, …)."""
+        if self.vendor == "mysql":
+            import MySQLdb
+
+            return (MySQLdb.Error,)
+        import psycopg
+
+        return (psycopg.Error,)
+
     # -- plain SQL, without Django: the test process keeps Django on the suite's database ----
 
     def connect(self, database: str | None = DB_NAME, host: str = "127.0.0.1") -> Any:

@@ -1,0 +1,393 @@
+"""Bad input: every public verb, fed junk in each argument, fails cleanly and changes nothing.
+
+For each verb and each of its arguments, hypothesis draws values of every wrong kind (wrong
+types, NaN and infinities, huge and negative numbers, empty and enormous id lists, unicode and
+very long strings, non-JSON data) and calls the verb with that one argument replaced. The call
+must either succeed (some junk is valid input: a unicode owner, a negative bump) or raise
+``TypeError``, ``ValueError`` or a ``TaskloopError``, and when it raises, the database is
+exactly as before. Anything else (a ``DatabaseError``, an ``OverflowError``, an
+``AttributeError``) is a bug. The number of cases run is printed at the end of the module.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import math
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import models
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_taskloop.exceptions import TaskloopError
+from django_taskloop.models import Job, JobBoard, Task, Tube
+from tests.testapp.models import Ticket, WorkerLoop
+
+pytestmark = pytest.mark.django_db
+
+CLEAN = (TypeError, ValueError, TaskloopError)
+CASES: dict[str, int] = {}
+
+# Unicode that databases and drivers are known to trip on: NUL, a lone surrogate, astral
+# characters (4 bytes in UTF-8), right-to-left text, combining marks, and long strings.
+NASTY_TEXT = [
+    "",
+    "\x00",
+    "a\x00b",
+    "\ud800",
+    "😀" * 10,
+    "\u202eevil",
+    "e\u0301" * 50,
+    "x" * 256,
+    "é" * 255,
+    "y" * 100_000,
+    " ",
+    "\n",
+]
+
+numbers = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0, -1, 1, 2**31, 2**63, -(2**63), 10**18, 2**64]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([math.nan, math.inf, -math.inf, 1e300, -1e300, 5e-324, -0.0]),
+)
+texts = st.one_of(st.sampled_from(NASTY_TEXT), st.text(max_size=20))
+junk = st.one_of(
+    st.none(),
+    st.booleans(),
+    numbers,
+    texts,
+    st.binary(max_size=10),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.sampled_from(
+        [
+            decimal.Decimal("1.5"),
+            decimal.Decimal("NaN"),
+            1 + 2j,
+            object(),
+            dt.datetime(2020, 1, 1),
+            dt.timedelta(seconds=5),
+            uuid.UUID(int=0),
+            {1, 2},
+            (),
+            [],
+            iter([1, 2]),
+            b"\xff\xfe",
+            float,
+        ]
+    ),
+)
+# Ids and id lists: empty, enormous, mixed, wrong-typed.
+id_lists = st.one_of(
+    junk,
+    st.lists(junk, max_size=4),
+    st.sampled_from([[], list(range(70_000)), [None], [[1]], [{}], [math.nan], [2**70], ["1", 1]]),
+)
+non_json = st.sampled_from(
+    [
+        math.nan,
+        math.inf,
+        {"a": math.nan},
+        [math.inf],
+        object(),
+        {1, 2},
+        b"bytes",
+        {("tuple",): 1},
+        dt.datetime(2020, 1, 1),
+        decimal.Decimal("1"),
+        "\x00",
+        {"k": "\x00"},
+        {"\x00": 1},
+        "\ud800",
+    ]
+)
+
+FUZZ = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    database=None,
+)
+
+
+def snapshot() -> dict[str, list[dict[str, Any]]]:
+    """Every row of every table the verbs touch, to compare before and after a failed call."""
+    tables: list[type[models.Model]] = [Ticket, WorkerLoop, JobBoard, Job, Tube, Task]
+    from django.apps import apps
+
+    for label in ("django_taskloop.BoardEntity", "django_taskloop.Consumer", "django_taskloop.TubeSlot"):
+        try:
+            tables.append(apps.get_model(label))
+        except LookupError:
+            pass
+    return {m._meta.label: list(m._base_manager.order_by("pk").values()) for m in tables}
+
+
+def check(name: str, call: Callable[[], Any]) -> None:
+    """Run ``call``: it succeeds, or fails with a clean error and leaves the database as it was."""
+    CASES[name] = CASES.get(name, 0) + 1
+    before = snapshot()
+    try:
+        call()
+    except CLEAN:
+        assert snapshot() == before, f"{name} raised but changed the database"
+    # Anything else propagates and fails the test, with hypothesis's minimal example.
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_cases():
+    yield
+    total = sum(CASES.values())
+    print(f"\n[reliability] fuzz: {total} cases over {len(CASES)} verb arguments")
+
+
+# -- Lockable ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tickets():
+    return Ticket.objects.bulk_create([Ticket(rank=i) for i in range(3)])
+
+
+@FUZZ
+@given(value=junk)
+def test_lockable_claim_owner(tickets, value):
+    check("Lockable.claim(owner)", lambda: Ticket.objects.claim(value, 2))
+
+
+@FUZZ
+@given(value=junk)
+def test_lockable_claim_limit(tickets, value):
+    check("Lockable.claim(limit)", lambda: Ticket.objects.claim("fuzz", value))
+
+
+@FUZZ
+@given(value=junk)
+def test_lockable_claim_lock_for(tickets, value):
+    check("Lockable.claim(lock_for)", lambda: Ticket.objects.claim("fuzz", 2, lock_for=value))
+
+
+@FUZZ
+@given(value=junk)
+def test_lockable_release_owner(tickets, value):
+    Ticket.objects.claim("fuzz", 2)
+    check("Lockable.release(owner)", lambda: Ticket.objects.release(value))
+
+
+# -- Loops ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def loop_ids():
+    WorkerLoop.objects.add([1, 2, 3])
+    WorkerLoop.objects.claim(1, lock_for=60)
+
+
+@FUZZ
+@given(
+    verb=st.sampled_from(["add", "remove", "did", "unlock", "bump", "status"]),
+    value=id_lists,
+)
+def test_loop_verbs_id_or_ids(loop_ids, verb, value):
+    check(f"TaskLoop.{verb}(id_or_ids)", lambda: getattr(WorkerLoop.objects, verb)(value))
+
+
+@FUZZ
+@given(
+    verb=st.sampled_from(["add", "remove", "did", "unlock", "bump", "claim"]),
+    flag=st.sampled_from(["dry_run", "updated", "auto_add"]),
+    value=junk,
+)
+def test_loop_verbs_flags(loop_ids, verb, flag, value):
+    allowed = {
+        "add": {"dry_run", "updated"},
+        "remove": {"dry_run"},
+        "did": {"dry_run", "auto_add"},
+        "unlock": {"dry_run", "auto_add"},
+        "bump": {"dry_run", "auto_add"},
+        "claim": {"dry_run"},
+    }[verb]
+    if flag not in allowed:
+        return
+    args = (1,) if verb == "claim" else ([4],)
+    check(f"TaskLoop.{verb}({flag})", lambda: getattr(WorkerLoop.objects, verb)(*args, **{flag: value}))
+
+
+@FUZZ
+@given(arg=st.sampled_from(["limit", "lock_for", "min_loop_time"]), value=junk)
+def test_loop_claim_numbers(loop_ids, arg, value):
+    kwargs = {"limit": 2, arg: value}
+    check(f"TaskLoop.claim({arg})", lambda: WorkerLoop.objects.claim(**kwargs))
+
+
+@FUZZ
+@given(value=junk)
+def test_loop_bump_lock_for(loop_ids, value):
+    check("TaskLoop.bump(lock_for)", lambda: WorkerLoop.objects.bump([1, 2], lock_for=value))
+
+
+# -- Job boards ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def board():
+    board = JobBoard.objects.create_board("fuzz")
+    board.post("a")
+    claimed = board.post("b")
+    board.claim(claimed, "owner", expiry=60)
+    return board
+
+
+@FUZZ
+@given(value=junk)
+def test_board_create_board_name(value):
+    check("JobBoard.create_board(name)", lambda: JobBoard.objects.create_board(value))
+
+
+@FUZZ
+@given(arg=st.sampled_from(["name", "details", "priority"]), value=st.one_of(junk, non_json))
+def test_board_post(board, arg, value):
+    kwargs: dict[str, Any] = {"name": "job"}
+    kwargs[arg] = value
+    check(f"JobBoard.post({arg})", lambda: board.post(**kwargs))
+
+
+@FUZZ
+@given(
+    verb=st.sampled_from(["claim", "abandon", "consume", "trash"]),
+    arg=st.sampled_from(["job", "who"]),
+    value=junk,
+)
+def test_board_job_verbs(board, verb, arg, value):
+    job = Job.objects.get(name="b")
+    kwargs: dict[str, Any] = {"job": job, "who": "owner"}
+    kwargs[arg] = value
+    check(f"JobBoard.{verb}({arg})", lambda: getattr(board, verb)(**kwargs))
+
+
+@FUZZ
+@given(value=junk)
+def test_board_claim_expiry(board, value):
+    job = Job.objects.get(name="a")
+    check("JobBoard.claim(expiry)", lambda: board.claim(job, "me", expiry=value))
+
+
+@FUZZ
+@given(arg=st.sampled_from(["who", "expiry"]), value=junk)
+def test_board_claim_next(board, arg, value):
+    kwargs: dict[str, Any] = {"who": "me", "expiry": 30}
+    kwargs[arg] = value
+    check(f"JobBoard.claim_next({arg})", lambda: board.claim_next(**kwargs))
+
+
+@FUZZ
+@given(arg=st.sampled_from(["only_unclaimed", "ensure_fresh"]), value=junk)
+def test_board_iterjobs(board, arg, value):
+    check(f"JobBoard.iterjobs({arg})", lambda: list(board.iterjobs(**{arg: value})))
+
+
+@FUZZ
+@given(value=junk)
+def test_board_find_owner(board, value):
+    check("JobBoard.find_owner(job)", lambda: board.find_owner(value))
+
+
+@FUZZ
+@given(arg=st.sampled_from(["kind", "name", "metadata"]), value=st.one_of(junk, non_json))
+def test_board_register_entity(board, arg, value):
+    kwargs: dict[str, Any] = {"kind": "conductor", "name": "c1", "metadata": None}
+    kwargs[arg] = value
+    check(f"JobBoard.register_entity({arg})", lambda: board.register_entity(**kwargs))
+
+
+@FUZZ
+@given(value=junk)
+def test_job_extend_expiry(board, value):
+    job = Job.objects.get(name="b")
+    check("Job.extend_expiry(seconds)", lambda: job.extend_expiry(value))
+
+
+@FUZZ
+@given(value=junk.filter(lambda v: not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0)))
+def test_waits_reject_or_return_at_once(board, value):
+    # A positive timeout would wait for real: only the refused and instant ones are fuzzed.
+    job = Job.objects.get(name="b")
+    check("Job.wait(timeout)", lambda: job.wait(value))
+    check("JobBoard.wait(timeout)", lambda: next(iter(board.wait(value)), None))
+
+
+# -- Tubes ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tube():
+    tube = Tube.objects.create_tube("fuzz", "utubettl", ttl=600, ttr=60)
+    tube.put({"n": 1})
+    tube.put({"n": 2})
+    tube.take(0, consumer="owner")
+    return tube
+
+
+@FUZZ
+@given(arg=st.sampled_from(["name", "type", "ttl", "ttr", "pri", "if_not_exists"]), value=junk)
+def test_tube_create_tube(arg, value):
+    kwargs: dict[str, Any] = {"name": "made", "type": "fifottl"}
+    kwargs[arg] = value
+    check(f"Tube.create_tube({arg})", lambda: Tube.objects.create_tube(**kwargs))
+
+
+@FUZZ
+@given(arg=st.sampled_from(["data", "pri", "ttl", "ttr", "delay", "utube"]), value=st.one_of(junk, non_json))
+def test_tube_put(tube, arg, value):
+    kwargs: dict[str, Any] = {"data": {"n": 3}}
+    kwargs[arg] = value
+    check(f"Tube.put({arg})", lambda: tube.put(**kwargs))
+
+
+@FUZZ
+@given(arg=st.sampled_from(["timeout", "consumer"]), value=junk)
+def test_tube_take(tube, arg, value):
+    if arg == "timeout" and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        value = -value  # a positive timeout would wait for real; negative means 0
+    kwargs: dict[str, Any] = {"timeout": 0, "consumer": "me"}
+    kwargs[arg] = value
+    check(f"Tube.take({arg})", lambda: tube.take(**kwargs))
+
+
+@FUZZ
+@given(
+    verb=st.sampled_from(["ack", "release", "touch", "peek", "bury", "delete_task"]),
+    arg=st.sampled_from(["task_id", "consumer", "delay", "increment"]),
+    value=junk,
+)
+def test_tube_task_verbs(tube, verb, arg, value):
+    taken = Task.objects.get(tube=tube, state="t").id
+    kwargs: dict[str, Any] = {"task_id": taken}
+    if verb in ("ack", "release", "touch"):
+        kwargs["consumer"] = "owner"
+    if verb == "release":
+        kwargs["delay"] = None
+    if verb == "touch":
+        kwargs["increment"] = 5
+    if arg not in kwargs:
+        return
+    kwargs[arg] = value
+    check(f"Tube.{verb}({arg})", lambda: getattr(tube, verb)(**kwargs))
+
+
+@FUZZ
+@given(value=junk)
+def test_tube_kick(tube, value):
+    check("Tube.kick(count)", lambda: tube.kick(value))
+
+
+@FUZZ
+@given(value=junk)
+def test_tube_on_task_change(tube, value):
+    check("Tube.on_task_change(callback)", lambda: tube.on_task_change(value))
+    tube.on_task_change(None)

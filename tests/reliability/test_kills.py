@@ -1,0 +1,149 @@
+"""``kill -9`` a random worker every 0.5 s during a drain: nothing is lost, nothing acked twice.
+
+Four worker processes drain a tube, a loop and a board while the test kills one of them at
+random every half second; the supervisor restarts each. The work a killed worker held comes
+back when its lease (3 s, renewed every second while the worker lives) runs out. At the end
+every item was done, tube tasks were acknowledged exactly once, and the only items run more
+than once are ones a killed worker could have held (at most its batch per kill).
+
+Sizes: the tube drain is 20,000 tasks on PostgreSQL, the database CI runs it in full on; on
+SQLite and MariaDB it is 4,000 (set ``TASKLOOP_RELIAB_TASKS`` to change it) so that the whole
+reliability package stays within ~6 minutes per database on a 2-core machine. The loop and
+board drains are sized to last several seconds of kills on every database.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from django.db import connections, transaction
+
+from django_taskloop.models import JobBoard, Tube
+from tests.testapp.models import WorkerLoop, WorkLog
+
+from .workers import Workers, executions, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+KILL_EVERY = 0.5
+
+
+def tube_size(vendor: str) -> int:
+    default = 20_000 if vendor == "postgresql" else 4_000
+    return int(os.environ.get("TASKLOOP_RELIAB_TASKS", default))
+
+
+def drain_while_killing(
+    name: str, finished: callable, timeout: float = float(os.environ.get("TASKLOOP_RELIAB_TIMEOUT", 240))
+) -> tuple[Workers, int, str]:
+    """Run 4 workers on handler ``name``, kill one every 0.5 s until ``finished()``; stop them."""
+    workers = Workers.start("--only", name, "--processes", "4")
+    kills = 0
+    try:
+        wait_until(lambda: len(workers.children()) == 4, 60, what="4 worker processes")
+        deadline = time.monotonic() + timeout
+        while not finished():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"drain of {name} unfinished after {timeout} s:\n{workers.dump_stacks()[-20000:]}"
+                )
+            assert workers.process.poll() is None, workers.output()
+            time.sleep(KILL_EVERY)
+            if workers.kill_one():
+                kills += 1
+        # Every killed process has been restarted before we stop (the log shows each). A stop
+        # that arrives while the supervisor restarts a child is a separate matter (see the
+        # report on issue 9): wait for four live, unkilled children first.
+        wait_until(
+            lambda: workers.output().count("with status -9; restarting it") >= kills, 30, what="restarts"
+        )
+        wait_until(
+            lambda: len([pid for pid in workers.children() if pid not in workers.killed]) == 4,
+            30,
+            what="4 restarted workers",
+        )
+    finally:
+        output = workers.stop()
+    connections.close_all()
+    assert workers.process.returncode == 0, output
+    restarts = output.count("with status -9; restarting it")
+    return workers, kills, output if restarts == kills else f"{restarts} restarts for {kills} kills\n{output}"
+
+
+def assert_bounded_reruns(kind: str, keys: set[str], kills: int, held_per_kill: int) -> dict[str, int]:
+    runs = executions(kind)
+    assert set(runs) == keys, "some items never ran, or unknown ones did"
+    reruns = sum(runs.values()) - len(keys)
+    # A killed worker held at most one batch; each of those may run again, nothing else.
+    assert reruns <= kills * held_per_kill, (reruns, kills)
+    again = {key for key, n in runs.items() if n > 1}
+    by_killed = set(WorkLog.objects.filter(kind=kind, key__in=again).values_list("key", "pid"))
+    killed_pids = set(_killed)
+    # Every key run twice was first run (at least once) by a process that was killed.
+    assert all(any(pid in killed_pids for k, pid in by_killed if k == key) for key in again)
+    return {"items": len(keys), "runs": sum(runs.values()), "reruns": reruns, "kills": kills}
+
+
+_killed: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def _forget_kills():
+    _killed.clear()
+    yield
+    _killed.clear()
+
+
+def test_tube_drain_under_kills_acks_each_task_once(vendor, capsys):
+    n = tube_size(vendor)
+    tube = Tube.objects.create_tube("r-tube", "fifottl", ttr=3)
+    with transaction.atomic():
+        ids = {str(tube.put({"n": i}).id) for i in range(n)}
+    workers, kills, output = drain_while_killing("r-tube", lambda: tube.statistics()["tasks"]["total"] == 0)
+    _killed.extend(workers.killed)
+    assert kills >= 4, f"the drain ended before the kills had any chance ({kills} kills)"
+    assert "restarts for" not in output, output
+    stats = tube.statistics()
+    assert stats["tasks"]["done"] == n
+    assert stats["calls"]["ack"] == n  # each acknowledged exactly once
+    report = assert_bounded_reruns("r-tube", ids, kills, held_per_kill=50)
+    with capsys.disabled():
+        print(f"\n[reliability] tube kill drain ({vendor}): {report}")
+
+
+def test_loop_drain_under_kills_does_every_id(vendor, capsys):
+    n = 3_000
+    WorkerLoop.objects.add(range(n))
+    workers, kills, output = drain_while_killing(
+        "r-loop", lambda: not WorkerLoop.objects.filter(last_updated__isnull=True).exists()
+    )
+    _killed.extend(workers.killed)
+    assert kills >= 4, f"the drain ended before the kills had any chance ({kills} kills)"
+    assert "restarts for" not in output, output
+    assert WorkerLoop.objects.filter(last_updated__isnull=False).count() == n
+    # Done ids are unlocked; none is left locked by a dead worker.
+    assert not WorkerLoop.objects.filter(lock_until__isnull=False).exists()
+    report = assert_bounded_reruns("r-loop", {str(i) for i in range(n)}, kills, held_per_kill=20)
+    with capsys.disabled():
+        print(f"\n[reliability] loop kill drain ({vendor}): {report}")
+
+
+def test_board_drain_under_kills_consumes_every_job(vendor, capsys):
+    n = 1_000
+    board = JobBoard.objects.create_board("r-board")
+    with transaction.atomic():
+        names = {board.post(f"job-{i}").name for i in range(n)}
+    workers, kills, output = drain_while_killing("r-board", lambda: board.job_count == 0)
+    _killed.extend(workers.killed)
+    assert kills >= 4, f"the drain ended before the kills had any chance ({kills} kills)"
+    assert "restarts for" not in output, output
+    assert board.job_count == 0
+    assert list(board.iterjobs()) == []
+    from django_taskloop.models import Job
+
+    assert not Job.objects.filter(board=board, trashed=True).exists()
+    report = assert_bounded_reruns("r-board", names, kills, held_per_kill=1)
+    with capsys.disabled():
+        print(f"\n[reliability] board kill drain ({vendor}): {report}")

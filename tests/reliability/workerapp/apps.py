@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ReliabilityWorkersConfig(AppConfig):
+    name = "tests.reliability.workerapp"
+    label = "reliability_workers"

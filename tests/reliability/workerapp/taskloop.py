@@ -1,0 +1,35 @@
+"""Handlers of the reliability tests: each logs one ``WorkLog`` row per call, then returns.
+
+Leases are short (3 s) so that the work of a killed worker comes back within seconds; the
+worker renews them while it is alive (every second).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from django_taskloop.workers import board, loop, tube
+from tests.testapp.models import WorkerLoop, WorkLog
+
+LEASE = 3
+
+
+def _log(kind: str, key: Any) -> None:
+    WorkLog.objects.create(kind=kind, key=str(key), phase="end", pid=os.getpid(), at=time.time())
+
+
+@tube("r-tube", batch=50, type="fifottl", ttr=LEASE)
+def tube_task(task: Any) -> None:
+    _log("r-tube", task.id)
+
+
+@board("r-board", expiry=LEASE)
+def board_job(job: Any) -> None:
+    _log("r-board", job.name)
+
+
+@loop(WorkerLoop, batch=20, lock_for=LEASE, name="r-loop")
+def loop_id(item_id: int) -> None:
+    _log("r-loop", item_id)
