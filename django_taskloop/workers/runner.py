@@ -192,6 +192,7 @@ class Worker:
             self.inflight[driver] = list(items)
         succeeded: list[Any] = []
         settled: set[Any] = set()
+        failed_keys: set[Any] = set()
         failures: list[str] = []
         try:
             for item in items:
@@ -204,6 +205,12 @@ class Worker:
                     raise
                 except Exception as error:
                     self.in_handler = False
+                    # Finished items stay in flight until the batch's acknowledgement: their
+                    # leases must not lapse meanwhile. A failed item leaves first, so that no
+                    # heartbeat renews the lease that its retry delay is about to shorten.
+                    failed_keys.add(driver.key(item))
+                    with self.inflight_lock:
+                        self.inflight[driver] = [i for i in items if driver.key(i) not in failed_keys]
                     outcome = driver.failed(item, error)
                     settled.add(driver.key(item))
                     failures.append(outcome)
@@ -222,8 +229,6 @@ class Worker:
                     settled.add(driver.key(item))
                 finally:
                     self.in_handler = False
-                with self.inflight_lock:
-                    self.inflight[driver] = [i for i in items if driver.key(i) not in settled]
         except StopNow:
             pass
         finally:
