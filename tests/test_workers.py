@@ -265,6 +265,27 @@ def test_work_still_running_when_the_grace_period_ends_is_given_back():
     assert not ends("slow")
 
 
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_heartbeats_keep_a_task_longer_than_its_ttr():
+    slow = Tube.objects.create_tube("w-slow", "fifottl", ttr=2)
+    task = slow.put({"sleep": 4})
+    done = run_workers(
+        "--burst",
+        "--only",
+        "w-slow",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
+    assert done.returncode == 0, done.stderr
+    assert ends("slow") == Counter({str(task.id): 1})
+    stats = slow.statistics()
+    assert stats["calls"]["ttr"] == 0  # the 2 s ttr never ran out under the 4 s handler
+    assert stats["calls"]["touch"] >= 4
+    assert stats["calls"]["ack"] == 1
+    assert "lost their lease" not in done.stderr
+
+
 def children_of(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [int(p) for p in f.read().split()]
