@@ -74,16 +74,22 @@ class Waiter:
         with self.condition:
             self.seen = _generations[self.key]
         self.interval = float(setting("POLL_MIN"))
+        # Each poll is one cheap indexed read; half of POLL_MAX keeps the typical wake-up by
+        # another process well inside the promised 100 ms.
+        self.ceiling = float(setting("POLL_MAX")) / 2
         self.listener: Any = None
         if features(using).notify:
             self.listener = _listen(using, channel(tube_id))
+            # NOTIFY wakes us at once; polling is left to catch the clock's transitions
+            # (delays, ttr), which must show within a second.
+            self.ceiling = max(float(setting("POLL_MAX")), 0.25)
 
     def sleep(self, limit: float | None) -> None:
         """Sleep until woken, the next poll, or ``limit`` seconds, whichever comes first."""
         interval = self.interval
         if limit is not None:
             interval = max(0.0, min(interval, limit))
-        self.interval = min(float(setting("POLL_MAX")), self.interval * float(setting("POLL_FACTOR")))
+        self.interval = min(self.ceiling, self.interval * float(setting("POLL_FACTOR")))
         if self.listener is not None:
             woken = False
             for _ in self.listener.notifies(timeout=interval, stop_after=1):

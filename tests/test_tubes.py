@@ -344,12 +344,13 @@ def test_default_ttr_follows_tube_ttr_then_tube_ttl():
 @pytest.mark.parametrize("type", TTL)
 def test_delay_then_ready_and_delay_extends_ttl(type):
     tube = make(type)
-    task = tube.put("x", delay=0.3, ttl=0.4)
+    task = tube.put("x", delay=0.3, ttl=1.5)
     assert task.state == "~"
+    # The ttl counts from the end of the delay: the task lives delay + ttl.
+    assert 1.45 < (task.ttl_at - task.event_at).total_seconds() < 1.55
     assert tube.take() is None
     assert tube.statistics()["tasks"]["delayed"] == 1
-    time.sleep(0.45)
-    # The delay ran out and the ttl (0.4 s, counted from the end of the delay) has not.
+    time.sleep(0.5)
     got = tube.take()
     assert got is not None and got.pk == task.pk
     assert calls(tube) == {"put": 1, "take": 1, "delay": 1}

@@ -397,10 +397,11 @@ class Tube(models.Model):
         # Remember the beat only once it is durable: a rolled-back beat must be written again.
         transaction.on_commit(lambda: _beats.__setitem__(key, now), using=self._using)
 
-    def _due(self) -> Q:
+    def _due(self, stale: bool = True) -> Q:
         """Rows with a transition due now (a delay, ttr or ttl ran out, or the holder died)."""
         due = Q(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow())
-        due |= Q(state=TAKEN, owner__in=Consumer.objects.using(self._using).dead().values("name"))
+        if stale:
+            due |= Q(state=TAKEN, owner__in=Consumer.objects.using(self._using).dead().values("name"))
         return due | Q(state__in=[READY, BURIED], ttl_at__lte=engine.DbNow())
 
     def _row(self, task_id: int, *, lock: bool) -> Task | None:
@@ -439,6 +440,10 @@ class Tube(models.Model):
         done = {"delay": 0, "ttr": 0, "ttl": 0, "release": 0}
         using = self._using
         skip = engine.features(using).skip_locked
+        if not self._tasks().filter(self._due(stale)).exists():
+            # Nothing due: a plain read instead of a write transaction (on SQLite, the lock).
+            self._ensure_exists()
+            return done
 
         def lock(rows: models.QuerySet[Task]) -> list[Task]:
             # Skip rows a rival is changing: it will apply the transition, or we do next time.
@@ -595,10 +600,23 @@ class Tube(models.Model):
                         return None
                     waiter.sleep(left)
                     registration.refresh()
+                    while not self._worth_trying() and (end is None or time.monotonic() < end):
+                        # One cheap indexed read per poll until a claim may succeed.
+                        waiter.sleep(None if end is None else end - time.monotonic())
+                        registration.refresh()
             finally:
                 registration.close()
         finally:
             waiter.close()
+
+    def _worth_trying(self) -> bool:
+        """Say whether a take may find something now (a cheap read, for waiting takes)."""
+        key = (self._using, self.pk)
+        if time.monotonic() - _stale_checks.get(key, -math.inf) >= _STALE_CHECK_EVERY:
+            return True
+        if self._tasks().filter(self._claimable()).exists():
+            return True
+        return self._has_ttl and self._tasks().filter(self._due(stale=False)).exists()
 
     def take_many(self, limit: int, consumer: str | None = None) -> list[Task]:
         """Take up to ``limit`` ready tasks at once for ``consumer`` (no waiting)."""
