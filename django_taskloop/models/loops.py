@@ -136,44 +136,76 @@ class TaskLoopQuerySet(models.QuerySet):
     def _batches(self, ids: list[Any], per_row: int = 1) -> Iterable[list[Any]]:
         return engine.batched(ids, self.db, per_row=per_row)  # type: ignore[return-value]
 
-    def _insert(self, ids: list[Any], *, updated: bool = False) -> int:
-        """Insert the ids that are not in the loop yet; return how many were new."""
+    def _insert(self, ids: list[Any], *, updated: bool = False, mostly_present: bool = False) -> int:
+        """Insert the ids that are not in the loop yet; return how many were new.
+
+        ``mostly_present`` (did, unlock, bump): look first, insert only what is missing.
+        """
         model = self.model
         using = self.db
         opts = model._meta
         pk = opts.pk
         connection = connections[using]
-        fields = list(opts.local_concrete_fields)
+        ops = connection.ops
+        # Only the key, and the columns that must not be left to NULL (a subclass's own fields
+        # with defaults): their value is the same for every row, worked out once.
+        template = model()
+        extra = [f for f in opts.local_concrete_fields if f is not pk and (f.has_default() or not f.null)]
+        extra = [f for f in extra if f.name != "last_updated" or not updated]
+        extra_values = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in extra]
+        columns = [pk, *extra]
+        row_sql = ["%s"] * len(columns)
+        row_params: list[Any] = []
+        if updated:
+            now_sql, row_params = InsertQuery(model).get_compiler(using=using).compile(engine.DbNow())
+            columns.append(opts.get_field("last_updated"))
+            row_sql.append(now_sql)
+        head = (
+            f"{ops.insert_statement(on_conflict=OnConflict.IGNORE)} {ops.quote_name(opts.db_table)} "
+            f"({', '.join(ops.quote_name(f.column) for f in columns)}) "
+        )
+        # ON CONFLICT DO NOTHING on PostgreSQL; INSERT IGNORE / INSERT OR IGNORE elsewhere.
+        tail = ops.on_conflict_suffix_sql(columns, OnConflict.IGNORE, None, None)
+        rows = model._base_manager.using(using)
         new = 0
-        for batch in self._batches(ids, per_row=len(fields) + 1):
-            if pk.is_relation:
+        for batch in self._batches(ids, per_row=len(row_sql) + len(row_params)):
+            if mostly_present:
+                # A plain read, which takes no lock, spares the insert. On MySQL an INSERT
+                # IGNORE would share-lock every existing row, and two transactions upgrading
+                # those to write locks (did's UPDATE) deadlock.
+                present = set(rows.filter(pk__in=batch).values_list("pk", flat=True))
+                batch = [value for value in batch if value not in present]
+            if pk.is_relation and batch:
                 # An id must exist in the table the loop's key points to. MySQL's INSERT IGNORE
                 # would skip a missing one while PostgreSQL and SQLite fail at commit: skip it
                 # everywhere, as doloop's users expect of ids that no longer exist.
+                target = pk.target_field
                 known = set(
                     pk.remote_field.model._base_manager.using(using)
-                    .filter(**{f"{pk.target_field.attname}__in": batch})
-                    .values_list(pk.target_field.attname, flat=True)
+                    .filter(**{f"{target.attname}__in": batch})
+                    .values_list(target.attname, flat=True)
                 )
                 batch = [value for value in batch if value in known]
-                if not batch:
-                    continue
-            extra = {"last_updated": engine.DbNow()} if updated else {}
-            objs = [model(**{pk.attname: value}, **extra) for value in batch]
-            # bulk_create(ignore_conflicts=True) does not say how many rows were new; the
-            # statement's row count does (INSERT IGNORE / ON CONFLICT DO NOTHING / OR IGNORE).
-            query = InsertQuery(model, on_conflict=OnConflict.IGNORE)
-            query.insert_values(fields, objs)
+            if not batch:
+                continue
+            params: list[Any] = []
+            for value in batch:
+                params.append(pk.get_db_prep_save(value, connection))
+                params.extend(extra_values)
+                params.extend(row_params)
+            # Built with the backend's own pieces rather than bulk_create(ignore_conflicts=True):
+            # that one cannot say how many rows were new, and spends most of its time
+            # preparing model instances. The statement's row count is the number inserted.
+            sql = head + ops.bulk_insert_sql(columns, [row_sql] * len(batch)) + (f" {tail}" if tail else "")
             with connection.cursor() as cursor:
-                for sql, params in query.get_compiler(using=using).as_sql():
-                    cursor.execute(sql, params)
-                    new += max(cursor.rowcount, 0)
+                cursor.execute(sql, params)
+                new += max(cursor.rowcount, 0)
         return new
 
     def _update(self, ids: list[Any], *, auto_add: bool, condition: Q | None = None, **changes: Any) -> int:
         """Optionally add missing ids, then update the matching rows; return the rows matched."""
         if auto_add:
-            self._insert(ids)
+            self._insert(ids, mostly_present=True)
         matched = 0
         for batch in self._batches(ids):
             queryset = self.filter(pk__in=batch)
@@ -273,8 +305,12 @@ class TaskLoopQuerySet(models.QuerySet):
             while len(claimed) < limit:
                 want = min(limit - len(claimed), most)
                 got = engine.claim(queryset, limit=want, claimable=claimable, order_by=order, changes=changes)
+                before = len(claimed)
                 claimed.update(dict.fromkeys(got))
-                if len(got) < want:
+                # Fewer than wanted can mean rivals hold part of this group, not that it is
+                # spent: go on with it until a call brings nothing new. (Nothing new also
+                # ends the loop when locks shorter than a round trip hand back the same ids.)
+                if len(claimed) == before:
                     break
         return list(claimed)
 
