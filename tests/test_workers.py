@@ -352,3 +352,33 @@ def test_an_idle_worker_picks_up_a_put_promptly():
     print(f"idle pickup: median {median * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms")
     # SPEC: take() sees a put from another process within 100 ms; generous for a busy machine.
     assert median < 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_children_stop_when_their_supervisor_is_killed():
+    Tube.objects.create_tube("w-drain", "fifottl")
+    supervisor = start_workers("--only", "w-drain", "--processes", "2")
+    children: list[int] = []
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                return "zombie" not in f.read()
+        except FileNotFoundError:
+            return False
+
+    try:
+        children = wait_until(
+            lambda: len(children_of(supervisor.pid)) == 2 and children_of(supervisor.pid), timeout=60
+        )
+        time.sleep(1)  # let them reach their idle loop
+        supervisor.kill()
+        supervisor.communicate(timeout=30)
+        wait_until(lambda: not any(alive(pid) for pid in children), timeout=30)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+        for pid in children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
