@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import time
@@ -382,3 +383,23 @@ def test_children_stop_when_their_supervisor_is_killed():
         for pid in children:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_demo_command_moves_work_in_every_facade():
+    out = io.StringIO()
+    before = signal.getsignal(signal.SIGTERM)
+    call_command("demo", articles=30, processes=1, stdout=out)
+    assert signal.getsignal(signal.SIGTERM) is before  # the in-process worker gave it back
+    text = out.getvalue()
+    before_part, after_part = text.split("after:")
+    assert "30 ids never done" in before_part
+    assert "board demo-builds: 10 jobs" in before_part
+    assert "tube demo-emails: 30 ready, 0 done" in before_part
+    assert "@task count_reviewed: READY" in before_part
+    assert "0 ids never done" in after_part
+    assert "articles reviewed 30/30" in after_part
+    assert "board demo-builds: 0 jobs" in after_part
+    assert "tube demo-emails: 0 ready, 30 done" in after_part
+    assert "@task count_reviewed: SUCCESSFUL" in after_part

@@ -84,10 +84,13 @@ class Worker:
 
     # Signals -----------------------------------------------------------------------------
 
-    def install_signals(self) -> None:
+    def install_signals(self) -> dict[int, Any]:
+        """Install the stop handlers; return the previous ones (for :meth:`run` to restore)."""
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)}
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGALRM, self._on_alarm)
+        return previous
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if not self.stopping:
@@ -124,9 +127,9 @@ class Worker:
 
     def run(self) -> int:
         """Work until stopped; return the process exit status (0 when all went well)."""
-        self.install_signals()
         for driver in self.drivers:
             driver.prepare()
+        previous = self.install_signals()
         beating = threading.Event()
         heart = threading.Thread(
             target=self._heartbeat, args=(beating,), name="taskloop-heartbeat", daemon=True
@@ -166,6 +169,9 @@ class Worker:
             heart.join(timeout=30)
             self.log_summary(time.monotonic() - started)
             connections.close_all()
+            # Run in-process (call_command), the caller gets its own handlers back.
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         return 0
 
     def run_batch(self, driver: Driver, first: Sequence[Any] = ()) -> int:
