@@ -164,9 +164,9 @@ def names_of(model: Any, pk: Any) -> str:
     million tasks, and keeps the list query on one table's index.
     """
     cache = _NAMES.get()
-    if cache is None:
-        cache = {}
-        _NAMES.set(cache)
+    if cache is None:  # outside a change list: no page to share a cache with
+        row = model._default_manager.filter(pk=pk).first()
+        return str(pk) if row is None else str(row)
     if model not in cache:
         cache[model] = {row.pk: str(row) for row in model._default_manager.all()}
     return cache[model].get(pk, str(pk))

@@ -175,3 +175,15 @@ def test_operate_the_queues_from_the_admin(page: Any) -> None:
     shot(page, "14-board-stats")
     page.goto(f"{base}/admin/django_taskloop/")
     shot(page, "15-app-index")
+
+    # Editing a claimed job's details is refused with a clear message.
+    board.claim(reposted, "worker-3")
+    page.goto(f"{base}/admin/django_taskloop/job/{reposted.pk}/change/")
+    page.fill('textarea[name="details"]', '{"env": "staging"}')
+    page.click('input[name="_save"]')
+    page.wait_for_load_state()
+    assert "cannot change" in page.inner_text("ul.errorlist.nonfield")
+    shot(page, "16-job-edit-refused")
+    assert Job.objects.get(pk=reposted.pk).details == {"env": "prod"}
+    page.goto(f"{base}/admin/django_taskloop/tube/")
+    shot(page, "17-tube-list")
