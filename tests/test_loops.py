@@ -10,9 +10,11 @@ from decimal import Decimal
 
 import pytest
 from django.db import connections, transaction
+from django.db.migrations.state import ModelState
 
 from django_taskloop.engine import DbNow
 from django_taskloop.models import TaskLoop, TaskLoopManager, TaskLoopQuerySet
+from django_taskloop.models.loops import TaskLoopIndex
 from tests.conftest import race
 from tests.testapp.models import IntLoop, StrLoop, Thing, ThingLoop, UuidLoop
 
@@ -87,6 +89,14 @@ def test_every_loop_gets_the_claim_index(model):
     [index] = [i for i in model._meta.indexes if i.fields[:2] == ["lock_until", "last_updated"]]
     assert index.fields == ["lock_until", "last_updated", model._meta.pk.name]
     assert len(index.name) <= 30
+    # Migrations see it too (they only read indexes a Meta declared).
+    state = ModelState.from_model(model)
+    assert [i.name for i in state.options["indexes"]] == [index.name]
+    assert isinstance(state.options["indexes"][0], TaskLoopIndex)
+    # NULLS FIRST where the database does not put NULLs first by itself (PostgreSQL).
+    connection = connections["default"]
+    sql = str(index.create_sql(model, connection.schema_editor(collect_sql=True)))
+    assert ("NULLS FIRST" in sql) is (not connection.features.order_by_nulls_first), sql
 
 
 # -- add / remove ------------------------------------------------------------------------

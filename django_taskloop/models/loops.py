@@ -90,6 +90,8 @@ class TaskLoopBase(ModelBase):
                 index = TaskLoopIndex(fields=fields)
                 index.set_name_with_model(cls)
                 opts.indexes = [*opts.indexes, index]
+                # Migrations read the indexes of a model only if its Meta declared some.
+                opts.original_attrs["indexes"] = opts.indexes
         return cls
 
 
