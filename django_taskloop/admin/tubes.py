@@ -53,6 +53,21 @@ class TaskStateFilter(admin.SimpleListFilter):
         return queryset if code is None else queryset.filter(state=code)
 
 
+class PriorityRangeFilter(NumericRangeFilterBuilder(title=_("priority"))):  # type: ignore[misc]
+    """A priority range that the (tube, state, pri, id) index can serve.
+
+    ``state IN (every state)`` changes no result but turns "tube = ? AND pri BETWEEN ? AND ?"
+    into one index range per state: without it MariaDB, which cannot skip over the state
+    column, reads every task of the tube to find a rare priority.
+    """
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        filtered = super().queryset(request, queryset)
+        if filtered is queryset:
+            return queryset
+        return filtered.filter(state__in=list(TASK_STATES))
+
+
 def set_task(task: Task, **changes: Any) -> int:
     """Write ``changes`` (``pri``, ``data``) to ``task`` unless it is taken; return 1 or 0.
 
@@ -111,7 +126,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     list_filter = (
         TaskStateFilter,
         "tube",
-        ("pri", NumericRangeFilterBuilder(title=_("priority"))),
+        ("pri", PriorityRangeFilter),
         ("created", DateTimeRangeFilterBuilder(title=_("created"))),
         ("event_at", DateTimeRangeFilterBuilder(title=_("next event (delay end, ttr)"))),
         ("ttl_at", DateTimeRangeFilterBuilder(title=_("expires (ttl)"))),
