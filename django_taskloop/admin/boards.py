@@ -7,7 +7,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db import router, transaction
+from django.db import router
 from django.db.models import Count, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -337,7 +337,7 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         def trash(board: JobBoard, job: Job) -> None:
             # trash() takes a job its caller holds: claim it as the admin first, atomically,
             # so that a job a worker holds is refused (UnclaimableJob), never taken away.
-            with transaction.atomic(using=board._state.db):
+            with engine.write_transaction(Job, board._state.db or router.db_for_write(Job)):
                 board.claim(job, who)
                 board.trash(job, who)
 

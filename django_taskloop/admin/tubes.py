@@ -68,6 +68,12 @@ class PriorityRangeFilter(NumericRangeFilterBuilder(title=_("priority"))):  # ty
         return filtered.filter(state__in=list(TASK_STATES))
 
 
+class _NotTheHead(Exception):
+    def __init__(self, head: list[int]) -> None:
+        super().__init__(head)
+        self.head = head
+
+
 def set_task(task: Task, **changes: Any) -> int:
     """Write ``changes`` (``pri``, ``data``) to ``task`` unless it is taken; return 1 or 0.
 
@@ -232,27 +238,38 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         # Tarantool's kick(count) takes a tube's buried tasks best first; it cannot name one.
         # Kick exactly the selection when it is the head of that order; else say so.
         kicked = 0
-        for tube in Tube.objects.using(queryset.db).filter(pk__in=queryset.values("tube_id")):
+        using = queryset.db
+        for tube in Tube.objects.using(using).filter(pk__in=queryset.values("tube_id")):
             chosen = set(queryset.filter(tube=tube, state=BURIED).values_list("pk", flat=True))
             if not chosen:
                 continue
             alive = Q(ttl_at__isnull=True) | Q(ttl_at__gt=engine.DbNow())
             order = ["pri", "id"] if tube.type in TTL_TYPES else ["id"]
-            head = list(
-                Task.objects.using(queryset.db)
-                .filter(alive, tube=tube, state=BURIED)
-                .order_by(*order)
-                .values_list("pk", flat=True)[: len(chosen)]
-            )
-            if set(head) != chosen:
+            try:
+                # The head is read under row locks, in kick()'s own transaction: nobody can
+                # bury a better task in between and have it kicked instead of the selection.
+                with engine.write_transaction(Task, using):
+                    head = list(
+                        Task.objects.using(using)
+                        .filter(alive, tube=tube, state=BURIED)
+                        .order_by(*order)
+                        .select_for_update()
+                        .values_list("pk", flat=True)[: len(chosen)]
+                    )
+                    if set(head) != chosen:
+                        raise _NotTheHead(head)
+                    kicked += tube.kick(len(chosen))
+            except _NotTheHead as error:
                 self.message_user(
                     request,
-                    f"Tube {tube.name}: kick takes buried tasks in priority order ({', '.join(map(str, head))} "
-                    f"first); select those, or kick from the tube's page.",
+                    f"Tube {tube.name}: kick takes buried tasks in priority order "
+                    f"({', '.join(map(str, error.head))} first); select those, or kick from the tube's page.",
                     messages.ERROR,
                 )
-                continue
-            kicked += tube.kick(len(chosen))
+            except TaskloopError as error:
+                self.message_user(
+                    request, f"Tube {tube.name}: {type(error).__name__}: {error}", messages.ERROR
+                )
         self.message_user(
             request, f"Kicked {kicked} task(s).", messages.SUCCESS if kicked else messages.WARNING
         )
