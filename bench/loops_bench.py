@@ -63,15 +63,15 @@ def fill(n: int, state: str) -> None:
     if state == "new":
         return
     # Spread the last updates over the past two hours: with min_loop_time=3600 about half
-    # of the loop is due ("due"), or none of it when shifted an hour later ("idle").
-    shift = 0 if state == "due" else 3600
+    # of the loop is due ("due"); or over the past 50 minutes, so that none is ("idle").
+    span = 7200 if state == "due" else 3000
     sql = {
-        "mysql": f"UPDATE {table} SET last_updated = UTC_TIMESTAMP(6) - INTERVAL ((id * 7919) %% 7200 - %s) SECOND",
-        "postgresql": f"UPDATE {table} SET last_updated = STATEMENT_TIMESTAMP() - make_interval(secs => (id * 7919) %% 7200 - %s)",
-        "sqlite": f"UPDATE {table} SET last_updated = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', ((id * 7919) %% 7200 - %s) * -1 || ' seconds')",
+        "mysql": f"UPDATE {table} SET last_updated = UTC_TIMESTAMP(6) - INTERVAL ((id * 7919) %% %s) SECOND",
+        "postgresql": f"UPDATE {table} SET last_updated = STATEMENT_TIMESTAMP() - make_interval(secs => (id * 7919) %% %s)",
+        "sqlite": f"UPDATE {table} SET last_updated = STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', ((id * 7919) %% %s) * -1 || ' seconds')",
     }[connection.vendor]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [shift])
+        cursor.execute(sql, [span])
         if connection.vendor == "mysql":
             cursor.execute(f"ANALYZE TABLE {table}")
             cursor.fetchall()

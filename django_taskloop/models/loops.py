@@ -255,7 +255,8 @@ class TaskLoopQuerySet(models.QuerySet):
         First rows whose lock expired or that were bumped (by ``lock_until``, then
         ``last_updated`` with never-updated first, then id), then never-updated rows (by id),
         then rows not updated for at least ``min_loop_time`` seconds (by ``last_updated``, then
-        id). Locked rows are skipped; two workers never get the same id at the same time.
+        id). Locked rows are skipped: two workers never hold the same id at the same time,
+        unless someone bumps an id while it is held (doloop's locks have no owner).
         """
         # doloop's order of checks: lock_for, min_loop_time, then limit.
         lock_for = check_seconds(lock_for, "lock_for", positive=True)
