@@ -146,3 +146,39 @@ def emit(result: dict) -> None:
     """Print one result for the harness: a single JSON line marked ``BENCH``."""
     sys.stdout.write("BENCH " + json.dumps(result) + "\n")
     sys.stdout.flush()
+
+
+def idle_cost(url: str, seconds: float) -> dict | None:
+    """Return what the database did for database ``url`` per second while the worker idled.
+
+    PostgreSQL only (``pg_stat_database`` counts per database; the other servers here count
+    for the whole server, which other clients share): transactions, sessions opened, and
+    rows read per second. Our own two reads are subtracted.
+    """
+    if db_vendor(url) != "postgres":
+        return None
+    import psycopg
+
+    name = urlparse(url).path.lstrip("/")
+
+    def read() -> tuple[int, int, int]:
+        with psycopg.connect(
+            url.replace("postgres://", "postgresql://", 1).split("?")[0].rsplit("/", 1)[0] + "/postgres",
+            autocommit=True,
+        ) as conn:
+            # The statistics snapshot is per transaction: autocommit gives a fresh one.
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(
+                "SELECT xact_commit + xact_rollback, sessions, tup_returned + tup_fetched FROM pg_stat_database WHERE datname = %s",
+                [name],
+            ).fetchone()
+        return row
+
+    before = read()
+    time.sleep(seconds)
+    after = read()
+    return {
+        "xacts_per_s": (after[0] - before[0]) / seconds,
+        "sessions_per_s": (after[1] - before[1]) / seconds,
+        "rows_per_s": (after[2] - before[2]) / seconds,
+    }

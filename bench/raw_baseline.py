@@ -31,6 +31,7 @@ from common import (  # noqa: E402
     drain_rate,
     emit,
     fresh_dir,
+    idle_cost,
     latencies,
     read_records,
     record,
@@ -185,6 +186,7 @@ def latency(url: str, samples: int, gap: float, record_dir: str) -> dict:
     proc = ctx.Process(target=worker, args=(url, 1, False, stop_file))
     proc.start()
     time.sleep(1.0)
+    idle = idle_cost(url, 3.0)
     vendor = db_vendor(url)
     conn = connect(url)
 
@@ -199,7 +201,7 @@ def latency(url: str, samples: int, gap: float, record_dir: str) -> dict:
     Path(stop_file).touch()
     proc.join(30)
     records = read_records(record_dir)
-    return {**latencies(records, put_times), **check_once(records, range(samples))}
+    return {**latencies(records, put_times), "idle": idle, **check_once(records, range(samples))}
 
 
 def main() -> None:

@@ -74,17 +74,25 @@ class Step:
 
 
 def plan(quick: bool, databases: list[str], systems: list[str]) -> list[Step]:
-    """Every step of the run, database by database, system by system."""
-    reps = 1 if quick else 3
+    """Every step of the run, database by database, system by system.
+
+    The full run fits 30 minutes on 2 cores: three repeats where the targets compare (4
+    processes), one at 1 and 2 processes; the peers, 20–100× slower, drain fewer jobs.
+    """
+    top = 3 if not quick else 1
     procs = [1, 4] if quick else [1, 2, 4]
     steps: list[Step] = []
+
+    def reps(n: int) -> int:
+        return top if n == 4 else 1
+
     for db in databases:
         sqlite = db == "sqlite"
-        # Row counts: SQLite serialises every write, so the slow peers get fewer jobs there.
         drain_jobs = 2000 if quick else 20000
+        # SQLite serialises every write: the slow peers get fewer jobs there.
         peer_jobs = 200 if quick else (200 if sqlite else 600)
-        loop_ids = 10000 if quick else (50000 if sqlite else 100000)
-        board_jobs = 100 if quick else 400
+        loop_ids = 10000 if quick else 100000
+        board_jobs = 100 if quick else 300
         enqueue_jobs = 100 if quick else 300
         samples = 10 if quick else 50
         sizes = "10000,30000" if quick else "10000,100000,1000000"
@@ -92,50 +100,25 @@ def plan(quick: bool, databases: list[str], systems: list[str]) -> list[Step]:
             if system == "taskloop":
                 for n in procs:
                     steps.append(
-                        Step(system, db, "drain", {"jobs": drain_jobs, "processes": n}, reps, "workers", n)
+                        Step(system, db, "drain", {"jobs": drain_jobs, "processes": n}, reps(n), "workers", n)
                     )
-                steps.append(Step(system, db, "enqueue", {"jobs": enqueue_jobs}, reps))
+                steps.append(Step(system, db, "enqueue", {"jobs": enqueue_jobs}, top))
                 steps.append(Step(system, db, "latency", {"samples": samples, "gap": 0.2}, 1))
-                steps.append(
-                    Step(
-                        system, db, "loop", {"jobs": loop_ids, "processes": 4, "batch": 100}, reps, "loop", 4
-                    )
-                )
-                steps.append(
-                    Step(system, db, "board", {"jobs": board_jobs, "processes": 4}, reps, "board", 4)
-                )
-                steps.append(Step(system, db, "growth", {"sizes": sizes, "samples": 50 if quick else 200}, 1))
+                loop_args = {"jobs": loop_ids, "processes": 4, "batch": 100}
+                steps.append(Step(system, db, "loop", loop_args, top, "loop", 4))
+                steps.append(Step(system, db, "board", {"jobs": board_jobs, "processes": 4}, top, "board", 4))
+                steps.append(Step(system, db, "growth", {"sizes": sizes, "samples": 50 if quick else 100}, 1))
             elif system == "raw":
                 for n in procs:
-                    steps.append(
-                        Step(
-                            system,
-                            db,
-                            "drain",
-                            {"jobs": drain_jobs, "processes": n, "batch": 100},
-                            reps,
-                            "batch 100",
-                            n,
-                        )
-                    )
-                raw1 = 1000 if quick else (2000 if sqlite else 5000)
-                steps.append(
-                    Step(system, db, "drain", {"jobs": raw1, "processes": 4, "batch": 1}, reps, "batch 1", 4)
-                )
+                    raw_args = {"jobs": drain_jobs, "processes": n, "batch": 100}
+                    steps.append(Step(system, db, "drain", raw_args, reps(n), "batch 100", n))
+                raw1 = {"jobs": 1000 if quick else (2000 if sqlite else 5000), "processes": 4, "batch": 1}
+                steps.append(Step(system, db, "drain", raw1, top, "batch 1", 4))
                 steps.append(Step(system, db, "latency", {"samples": samples, "gap": 0.2}, 1))
             else:
-                # The peers are slow: one repeat at 1 and 2 processes, three at 4 (the targets' point).
-                for n in procs:
+                for n in (1, 4):
                     steps.append(
-                        Step(
-                            system,
-                            db,
-                            "drain",
-                            {"jobs": peer_jobs, "processes": n},
-                            reps if n == 4 else 1,
-                            "worker",
-                            n,
-                        )
+                        Step(system, db, "drain", {"jobs": peer_jobs, "processes": n}, reps(n), "worker", n)
                     )
                 steps.append(Step(system, db, "enqueue", {"jobs": enqueue_jobs}, 1 if quick else 2))
                 steps.append(Step(system, db, "latency", {"samples": samples, "gap": 0.2}, 1))
@@ -433,6 +416,26 @@ def write_report(results: list[dict], out: Path, quick: bool, databases: list[st
             lines.append(f"| {LABELS[system]} | " + " | ".join(cells) + " |")
     lines.append("")
 
+    # What an idle worker costs.
+    idle_rows = []
+    for system in ("taskloop", "raw", "tasksdb", "q2", "djqueue"):
+        rows = table.get(("postgres", system, "latency", "", None))
+        idle = rows[0].get("idle") if rows else None
+        if idle:
+            idle_rows.append(
+                f"| {LABELS[system]} | {idle['xacts_per_s']:,.0f} | {idle['sessions_per_s']:,.1f} | {idle['rows_per_s']:,.0f} |"
+            )
+    if idle_rows:
+        lines += [
+            "What one idle worker costs PostgreSQL, per second (`pg_stat_database` of its database over 3 s "
+            "before the first put):",
+            "",
+            "| system | transactions | new sessions | rows read |",
+            "|---|---|---|---|",
+            *idle_rows,
+            "",
+        ]
+
     # Growth.
     lines += ["## Claim latency as the tube grows (`take(0)` + `ack`, ms, median / p95)", ""]
     sizes = []
@@ -517,10 +520,11 @@ def write_report(results: list[dict], out: Path, quick: bool, databases: list[st
         + (
             " (quick run): 1 repeat; 2,000 jobs for ours and raw, 200 for the peers."
             if quick
-            else ": ours and raw drain 20,000 jobs, 3 repeats; the peers drain 600 jobs (200 on SQLite), "
-            "3 repeats at 4 processes and 1 at 1 and 2 (they are 20–100× slower; 20,000 jobs would take the "
-            "whole budget); raw batch 1 drains 5,000 (2,000 on SQLite); the loop has 100,000 ids (50,000 on "
-            "SQLite); the board 400 jobs; enqueue 300 jobs; latency 50 puts 0.2 s apart with one repeat."
+            else ": ours and raw drain 20,000 jobs, 3 repeats at 4 processes and 1 at 1 and 2; the peers drain "
+            "600 jobs (200 on SQLite) at 1 and 4 processes, 3 repeats at 4 (they are 20–100× slower: 20,000 "
+            "jobs would take the whole budget); raw batch 1 drains 5,000 (2,000 on SQLite); the loop has "
+            "100,000 ids; the board 300 jobs; enqueue 300 jobs (3 repeats, peers 2); latency 50 puts 0.2 s "
+            "apart, one repeat; claim latency 100 take+ack at each size."
         ),
         "",
     ]

@@ -46,6 +46,7 @@ from common import (  # noqa: E402
     drain_rate,
     emit,
     fresh_dir,
+    idle_cost,
     latencies,
     read_records,
     spaced_puts,
@@ -173,13 +174,15 @@ def latency(samples: int, gap: float, record_dir: Path) -> dict:
 
     connections.close_all()
     procs = start_workers(1, burst=False, record_dir=record_dir)
-    # Let it start and go idle: we measure pickup by a worker that was waiting.
-    time.sleep(4.0)
+    # Let it start and go idle: we measure pickup by a worker that was waiting, and what
+    # the waiting costs the database.
+    time.sleep(2.5)
+    idle = idle_cost(os.environ.get("DATABASE_URL", ""), 3.0)
     put_times = spaced_puts(enqueue_one, samples, gap)
     wait_for_records(record_dir, samples, timeout=30)
     stop_workers(procs)
     records = read_records(record_dir)
-    return {**latencies(records, put_times), **check_once(records, range(samples))}
+    return {**latencies(records, put_times), "idle": idle, **check_once(records, range(samples))}
 
 
 def main() -> None:
