@@ -211,3 +211,20 @@ def test_staff_without_any_permission_gets_no_stats(client):
     user = User.objects.create_user("nobody", password="pw", is_staff=True)
     client.force_login(user)
     assert client.get(reverse(STATS)).status_code == 403
+
+
+def test_register_all_on_a_custom_site():
+    from django_taskloop.admin import register_all
+    from django_taskloop.models import Job, JobBoard, Task, Tube
+
+    site = admin.AdminSite(name="ops")
+    register_all(site)
+    for model in (JobBoard, Job, Tube, Task, IntLoop, FeedLoop):
+        assert site.is_registered(model), model
+
+    def names(patterns):
+        for pattern in patterns:
+            yield getattr(pattern, "name", None)
+            yield from names(getattr(pattern, "url_patterns", []))
+
+    assert "django_taskloop_dashboard" in set(names(site.get_urls()))

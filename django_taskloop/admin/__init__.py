@@ -1,14 +1,27 @@
 """The Django admin of django-taskloop.
 
-Imported by ``admin.autodiscover()``. It registers ``JobBoard``/``Job`` and ``Tube``/``Task``,
-and every concrete :class:`~django_taskloop.models.TaskLoop` subclass that its project does
-not register itself (see :func:`register_loops`): a project registers its own ``ModelAdmin``
-for a loop in its ``admin.py`` as usual, with no ``unregister``. ``LockableAdmin`` and ``TaskLoopAdmin`` are
-public, to subclass in your own ``admin.py``.
+Imported by ``admin.autodiscover()``. It registers ``JobBoard``/``Job`` (the trash is the
+"trashed" state of the job list), ``Tube``/``Task``, and every concrete
+:class:`~django_taskloop.models.TaskLoop` subclass that its project does not register itself
+(see :func:`register_loops`): a project registers its own ``ModelAdmin`` for a loop in its
+``admin.py`` as usual, subclassing :class:`TaskLoopAdmin`, with no ``unregister``.
+
+- ``LockableAdmin``: subclass it for your own ``Lockable`` models (lock columns, filters and
+  a "release" action are added to yours).
+- Every loop, board and tube has a statistics page (its ``stats()``/``statistics()``), and
+  ``admin:django_taskloop_dashboard`` (``<admin>/django_taskloop/jobboard/dashboard/``,
+  linked from the app index and every list) shows them all with server-side SVG charts.
+- Actions call the facades' verbs; a staff user without the change permission gets none.
+- Built for millions of rows: pagination never counts a whole table
+  (:class:`EstimatedCountPaginator`), list orders and sorts follow indexes, no facet counts.
+- On an ``AdminSite`` of your own: ``register_all(site)``.
 """
 
 from __future__ import annotations
 
+from django.contrib import admin
+
+from . import boards, loops, tubes
 from .base import TaskloopAdminMixin
 from .boards import JobAdmin, JobBoardAdmin
 from .charts import bar_chart
@@ -21,27 +34,29 @@ __all__ = [
     "EstimatedCountPaginator",
     "JobAdmin",
     "JobBoardAdmin",
-    "TaskAdmin",
-    "TubeAdmin",
     "LockStateFilter",
-    "LoopStateFilter",
-    "TaskLoopAdmin",
-    "register_loops",
     "LockableAdmin",
+    "LoopStateFilter",
+    "TaskAdmin",
+    "TaskLoopAdmin",
     "TaskloopAdminMixin",
+    "TubeAdmin",
     "bar_chart",
+    "register_all",
+    "register_loops",
 ]
 
-from django.contrib import admin as _admin  # noqa: E402
 
-from . import boards as _boards  # noqa: E402
-from . import loops as _loops  # noqa: E402
-from . import tubes as _tubes  # noqa: E402
+def register_all(site: admin.AdminSite) -> None:
+    """Register every django-taskloop admin on ``site`` that is not registered there yet.
 
-_boards.register(_admin.site)
-_tubes.register(_admin.site)
+    Loops of apps whose ``admin`` module has not run yet are registered when ``site`` builds
+    its URLs, so that those modules may register their own admins first.
+    """
+    boards.register(site)
+    tubes.register(site)
+    register_loops(site)
+    loops.register_loops_when_urls_are_built(site)
 
-# Loops of apps whose admin has already run, or that have none, at once; the others when the
-# site builds its URLs, after every app's admin module has had its say.
-register_loops()
-_loops.register_loops_when_urls_are_built(_admin.site)
+
+register_all(admin.site)
