@@ -133,6 +133,9 @@ class Server:
                     "--innodb-buffer-pool-size=64M",
                     "--innodb-flush-log-at-trx-commit=2",
                     "--innodb-lock-wait-timeout=10",
+                    # A client cut off in the middle of a transaction keeps its row locks until
+                    # the server drops it; production servers need this too (docs/guarantees.md).
+                    "--idle-transaction-timeout=10",
                     "--max-connections=400",
                     "--character-set-server=utf8mb4",
                     "--collation-server=utf8mb4_unicode_ci",
@@ -154,7 +157,10 @@ class Server:
                     f"-p {self.port} -k {self.directory} -c listen_addresses='{','.join(self.listen)}' "
                     # fsync=off is safe here: a crash of the server (not of the machine) loses nothing
                     # written to the OS; synchronous_commit stays on, as restart tests need.
-                    "-c fsync=off -c full_page_writes=off -c max_connections=300",
+                    "-c fsync=off -c full_page_writes=off -c max_connections=300 "
+                    # A client cut off in the middle of a transaction keeps its row locks until
+                    # the server drops it; production servers need this too (docs/guarantees.md).
+                    "-c idle_in_transaction_session_timeout=10s",
                     "start",
                 ]
             )
