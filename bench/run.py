@@ -172,7 +172,8 @@ def database_url(system: str, db: str, args: argparse.Namespace, results: Path) 
     if db == "sqlite":
         return f"sqlite:///{results / 'db' / (name + '.sqlite3')}"
     base = args.mysql if db == "mysql" else args.postgres
-    return base.rstrip("/") + "/" + name
+    # "postgres://" (no host: the local socket) needs the third slash kept.
+    return (base if base.endswith("://") else base.rstrip("/")) + "/" + name
 
 
 def recreate_database(system: str, db: str, args: argparse.Namespace, results: Path) -> None:
@@ -612,17 +613,17 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    if args.report_only:
-        saved = json.loads((out / "results.json").read_text())
-        write_report(saved["results"], out, saved["quick"], saved["databases"], saved["elapsed"])
-        plot(saved["results"], out, saved["databases"])
-        return
-
     # Our virtualenv first: this harness re-runs itself there, for matplotlib.
     VENVS.mkdir(exist_ok=True)
     ensure_venv("taskloop")
     if Path(sys.prefix).resolve() != (VENVS / "taskloop").resolve():
         os.execv(str(venv_python("taskloop")), [str(venv_python("taskloop")), __file__, *sys.argv[1:]])
+
+    if args.report_only:
+        saved = json.loads((out / "results.json").read_text())
+        write_report(saved["results"], out, saved["quick"], saved["databases"], saved["elapsed"])
+        plot(saved["results"], out, saved["databases"])
+        return
     for system in systems:
         ensure_venv(VENV_OF[system])
 
