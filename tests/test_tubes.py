@@ -296,14 +296,14 @@ def test_touch_rules(type):
 @pytest.mark.parametrize("type", TTL)
 def test_ttl_removes_ready_buried_and_taken_tasks(type):
     tube = make(type)
-    ready = tube.put("r", ttl=0.3, utube="a")
-    buried = tube.bury(tube.put("b", ttl=0.3, utube="b").pk)
-    taken = tube.put("t", ttl=0.3, utube="c")
+    ready = tube.put("r", ttl=0.8, utube="a")
+    buried = tube.bury(tube.put("b", ttl=0.8, utube="b").pk)
+    taken = tube.put("t", ttl=0.8, utube="c")
     long = tube.put("long", utube="d")
     tube.take(consumer="me")  # ready, ttr defaults to infinite: the ttl bounds the take
     got = tube.take(consumer="me")
     assert got.pk == taken.pk and buried.state == "!"
-    time.sleep(0.5)
+    time.sleep(1.0)
     for task in (ready, buried, taken):
         with pytest.raises(NotFound):
             tube.peek(task.pk)
