@@ -51,23 +51,29 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
         stats = overview["stats"]
         depth = overview["depth"]
         label = str(model._meta.verbose_name_plural)
-        oldest.append((label, stats["max_bump_time"]))
         for state, (count, _exact) in depth.items():
             depth_totals[f"loop {state}"] = depth_totals.get(f"loop {state}", 0) + count
+        empty = not any(count for count, _exact in depth.values())
+        if not empty:
+            oldest.append((label, stats["max_bump_time"]))
         cards.append(
             {
                 "kind": _("loop"),
                 "title": label,
+                "empty": empty,
                 "list_url": _url(site, model, "changelist"),
                 "stats_url": _url(site, model, "stats"),
-                "rows": [
-                    (state if exact else f"{state} (≥)", count) for state, (count, exact) in depth.items()
-                ]
+                # An empty loop gets one line: a table and charts of zeros say nothing.
+                "rows": []
+                if empty
+                else [(state if exact else f"{state} (≥)", count) for state, (count, exact) in depth.items()]
                 + [
                     (_("most overdue"), humanize_seconds(stats["max_bump_time"])),
                     (_("longest lock left"), humanize_seconds(stats["max_lock_time"])),
                 ],
-                "charts": [
+                "charts": []
+                if empty
+                else [
                     bar_chart(
                         [(state, count) for state, (count, _exact) in depth.items()],
                         title=_("Queue depth by state"),
@@ -122,6 +128,8 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
                     ],
                 }
             )
+    # Queues with work first; empty loops last, small.
+    cards.sort(key=lambda card: bool(card.get("empty")))
     summary = []
     if depth_totals:
         summary.append(bar_chart(list(depth_totals.items()), title=_("Everything, by state"), width=520))
