@@ -161,6 +161,14 @@ def pages() -> list[tuple[str, str]]:
         ("tasks: created before 2000", f"{tasks}?created__range__lte_0={day}&created__range__lte_1=00:00:00"),
         ("tasks: tube + pri 100..200", f"{tasks}?{t}&pri__range__gte=100&pri__range__lte=200"),
         ("tasks: event_at range", f"{tasks}?event_at__range__gte_0={day}&event_at__range__gte_1=00:00:00"),
+        (
+            "tasks: tube + event_at range",
+            f"{tasks}?{t}&event_at__range__gte_0={day}&event_at__range__gte_1=00:00:00",
+        ),
+        (
+            "tasks: tube + ttl_at range",
+            f"{tasks}?{t}&ttl_at__range__gte_0={day}&ttl_at__range__gte_1=00:00:00",
+        ),
         ("tasks: ttl_at range", f"{tasks}?ttl_at__range__gte_0={day}&ttl_at__range__gte_1=00:00:00"),
         ("tasks: search id", f"{tasks}?q=765432"),
         ("tasks: sort by id asc", f"{tasks}?o=1"),
