@@ -34,6 +34,7 @@ __all__ = [
     "run_in_transaction",
     "claim",
     "batched",
+    "discard_if_broken",
 ]
 
 T = TypeVar("T")
@@ -67,6 +68,8 @@ def run_in_transaction(model: type[Model], using: str, work: Callable[[], T]) ->
                 return work()
         except DatabaseError as error:
             if not is_retryable(error, using):
+                if outermost:
+                    discard_if_broken(using)
                 raise
             if not outermost or attempt >= retries:
                 raise DatabaseBusy(
@@ -76,6 +79,19 @@ def run_in_transaction(model: type[Model], using: str, work: Callable[[], T]) ->
             attempt += 1
             # Jitter keeps the retrying processes from colliding again in step.
             time.sleep(min(0.5, 0.01 * 2**attempt) * random.uniform(0.5, 1.5))
+
+
+def discard_if_broken(using: str) -> None:
+    """Close the connection ``using`` if an error left it unusable (the server went away).
+
+    Django drops such connections between requests; a worker or a script that keeps calling
+    verbs would otherwise get "server has gone away" from every later call. Closing it lets the
+    next call reconnect. Only for use outside any transaction.
+    """
+    connection = connections[using]
+    if connection.connection is not None and connection.errors_occurred and not connection.in_atomic_block:
+        if not connection.is_usable():
+            connection.close()
 
 
 def claim(
@@ -125,7 +141,13 @@ def claim(
 
     # (1) Candidates, read outside the transaction: a few more than needed, so that a rival
     # holding some of them does not leave us empty-handed.
-    candidates = list(base.values_list("pk", flat=True)[: limit * overfetch])
+    try:
+        candidates = list(base.values_list("pk", flat=True)[: limit * overfetch])
+    except DatabaseError:
+        # The first query after the server restarted is the one that fails: leave a fresh
+        # connection for the next call rather than a dead one.
+        discard_if_broken(using)
+        raise
     if not candidates:
         return []
     recheck = rows.filter(claimable, pk__in=candidates).order_by(*order_by)

@@ -15,7 +15,8 @@ def fill_tube(n: int, ttr: float = 3.0) -> int:
     first = [tube.put({"n": i}) for i in range(min(n, 10))]
     # The rest are the rows put() writes on a fifottl tube, in bulk (put() one by one is slow).
     Task.objects.bulk_create(
-        [Task(tube=tube, data={"n": i}, state="r", pri=0, ttr=ttr) for i in range(len(first), n)], batch_size=2000
+        [Task(tube=tube, data={"n": i}, state="r", pri=0, ttr=ttr) for i in range(len(first), n)],
+        batch_size=2000,
     )
     return tube.statistics()["tasks"]["ready"]
 

@@ -39,7 +39,9 @@ def test_cut_host_leases_run_out_and_the_others_finish(netns_hosts, throwaway, c
         TASKLOOP_OVERRIDES=OVERRIDES,
     )
     fleet = [
-        Workers.start("--only", "r-tube", "--processes", "1", env=env, prefix=["ip", "netns", "exec", host.netns])
+        Workers.start(
+            "--only", "r-tube", "--processes", "1", env=env, prefix=["ip", "netns", "exec", host.netns]
+        )
         for host in netns_hosts
     ]
     victim, cut_host = fleet[0], netns_hosts[0]

@@ -122,14 +122,6 @@ def test_connection_killed_by_the_server_mid_claim_rolls_back(paused_table, vend
                 outcome["error"] = error
             finally:
                 ready.set()
-                # What a worker does between jobs (Django does it between requests): throw
-                # away a connection that an error left unusable.
-                connection.close_if_unusable_or_obsolete()
-                try:
-                    # The same thread claims again at once, through a fresh connection.
-                    outcome["after"] = len(Ticket.objects.filter(locked_by="victim"))
-                finally:
-                    connection.close()
 
         thread = threading.Thread(target=victim)
         thread.start()
@@ -145,11 +137,54 @@ def test_connection_killed_by_the_server_mid_claim_rolls_back(paused_table, vend
         _hold_pause_lock(vendor, False)
         assert "claimed" not in outcome, "the claim went through its own connection's death"
         assert isinstance(outcome["error"], DatabaseError), repr(outcome["error"])
-        assert outcome["after"] == 0
         if attempt == attempts - 1:
             _assert_untouched_and_claimable()
         else:
             assert not Ticket.objects.filter(locked_by__isnull=False).exists()
+
+
+def test_next_call_after_a_lost_connection_reconnects(vendor):
+    """The engine drops a connection the server killed: the caller's next call just works."""
+    if vendor == "sqlite":
+        pytest.skip("SQLite is embedded: there is no server connection to kill")
+    Ticket.objects.bulk_create([Ticket(rank=i) for i in range(4)])
+    outcome: dict[str, Any] = {}
+    killed = threading.Event()
+    session_known = threading.Event()
+
+    def caller() -> None:
+        try:
+            outcome["session"] = _session_id()
+            session_known.set()
+            assert killed.wait(30)
+            # Idle connection killed: the first call fails (nothing could have saved it) ...
+            try:
+                Ticket.objects.claim("again", 1, lock_for=60)
+            except DatabaseError as error:
+                outcome["first"] = error
+            # ... and the same thread's next calls get a fresh connection.
+            outcome["second"] = [t.rank for t in Ticket.objects.claim("again", 2, lock_for=60)]
+            outcome["third"] = [t.rank for t in Ticket.objects.claim("again", 3, lock_for=60)]
+        except BaseException as error:
+            outcome["error"] = error
+        finally:
+            session_known.set()
+            connection.close()
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    assert session_known.wait(30)
+    with connection.cursor() as cursor:
+        if vendor == "mysql":
+            cursor.execute(f"KILL {outcome['session']}")
+        else:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [outcome["session"]])
+    killed.set()
+    thread.join(60)
+    assert "error" not in outcome, outcome["error"]
+    assert isinstance(outcome["first"], DatabaseError)
+    assert outcome["second"] == [0, 1]
+    assert outcome["third"] == [0, 1, 2]  # its own two renewed, one more
 
 
 def _claim_and_park(parked: Any, sessions: Any, go: Any) -> None:

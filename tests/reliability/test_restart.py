@@ -40,7 +40,9 @@ def test_server_crash_mid_drain_loses_nothing(throwaway, capsys):
         time.sleep(3)
         throwaway.start()
         outage = time.monotonic() - down_at
-        wait_until(lambda: remaining(throwaway) == 0, 180, every=0.5, what="the drain to finish after the restart")
+        wait_until(
+            lambda: remaining(throwaway) == 0, 180, every=0.5, what="the drain to finish after the restart"
+        )
     finally:
         output = workers.stop()
     assert workers.process.returncode == 0, output
