@@ -698,14 +698,28 @@ class Tube(models.Model):
         self._beat(consumer)
 
         def work() -> Task:
-            task = self._owned(task_id, consumer)
-            self._tasks().filter(pk=task.pk)._raw_delete(self._using)
+            # Fast path: the row as read, then a delete that re-checks the hold itself (the
+            # data it returns cannot change while the task is taken).
+            task = self._tasks().filter(pk=task_id).first()
+            if task is None or not self._tasks().filter(self._held(consumer), pk=task_id)._raw_delete(
+                self._using
+            ):
+                # Not held (or a timer is due): the slow path applies what is due and says why.
+                task = self._owned(task_id, consumer)
+                self._tasks().filter(pk=task.pk)._raw_delete(self._using)
             self._count(ack=1, done=1)
             task.state, task.owner, task.taken_key = DONE, None, None
             self._emit(task, "delete")
             return task
 
         return self._run(work)
+
+    def _held(self, consumer: str) -> Q:
+        """Tasks ``consumer`` holds now (for ttl drivers: whose ttr has not run out)."""
+        held = Q(state=TAKEN, owner=consumer)
+        if self._has_ttl:
+            held &= Q(event_at__isnull=True) | Q(event_at__gt=engine.DbNow())
+        return held
 
     def ack_many(self, task_ids: Iterable[int], consumer: str | None = None) -> int:
         """Finish every task of ``task_ids`` that ``consumer`` holds; return how many."""
@@ -716,9 +730,7 @@ class Tube(models.Model):
         if not ids:
             return 0
         self._beat(consumer)
-        held = Q(state=TAKEN, owner=consumer)
-        if self._has_ttl:
-            held &= Q(event_at__isnull=True) | Q(event_at__gt=engine.DbNow())
+        held = self._held(consumer)
         watched = (self._using, self.pk) in _callbacks
 
         def work() -> int:
@@ -776,9 +788,7 @@ class Tube(models.Model):
         if not ids:
             return 0
         self._beat(consumer)
-        held = Q(state=TAKEN, owner=consumer)
-        if self._has_ttl:
-            held &= Q(event_at__isnull=True) | Q(event_at__gt=engine.DbNow())
+        held = self._held(consumer)
 
         def work() -> int:
             total = 0
