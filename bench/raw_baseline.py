@@ -184,9 +184,6 @@ def latency(url: str, samples: int, gap: float, record_dir: str) -> dict:
     Path(stop_file).unlink(missing_ok=True)
     ctx = multiprocessing.get_context("fork")
     proc = ctx.Process(target=worker, args=(url, 1, False, stop_file))
-    proc.start()
-    time.sleep(1.0)
-    idle = idle_cost(url, 3.0)
     vendor = db_vendor(url)
     conn = connect(url)
 
@@ -196,10 +193,17 @@ def latency(url: str, samples: int, gap: float, record_dir: str) -> dict:
         put_many(conn, vendor, [n])
         conn.commit() if vendor != "sqlite" else conn.cursor().execute("COMMIT")
 
-    put_times = spaced_puts(put, samples, gap)
-    wait_for_records(record_dir, samples, timeout=30)
-    Path(stop_file).touch()
-    proc.join(30)
+    proc.start()
+    try:
+        time.sleep(1.0)
+        idle = idle_cost(url, 3.0)
+        put_times = spaced_puts(put, samples, gap)
+        wait_for_records(record_dir, samples, timeout=30)
+    finally:
+        Path(stop_file).touch()
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
     records = read_records(record_dir)
     return {**latencies(records, put_times), "idle": idle, **check_once(records, range(samples))}
 

@@ -211,7 +211,8 @@ def recreate_database(system: str, db: str, args: argparse.Namespace, results: P
             conn += ["-p", str(parts.port)]
         if parts.username:
             conn += ["-U", parts.username]
-        subprocess.run(["dropdb", "--if-exists", *conn, name], check=True)
+        # --force: a worker left over from an interrupted run must not block the fresh start.
+        subprocess.run(["dropdb", "--if-exists", "--force", *conn, name], check=True)
         subprocess.run(["createdb", *conn, name], check=True)
 
 
@@ -544,11 +545,13 @@ def plot(results: list[dict], out: Path, databases: list[str]) -> Path | None:
         print("matplotlib is missing: no plot")
         return None
     table = collect(results)
-    fig, axes = plt.subplots(1, len(databases), figsize=(max(11, 4.6 * len(databases)), 5), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(databases), figsize=(max(11, 4.6 * len(databases)), 5), squeeze=False, sharey=True
+    )
     series = [
         ("taskloop", "workers", "django-taskloop (workers)", "o-"),
         ("raw", "batch 100", "raw SQL, batch 100", "k--"),
-        ("raw", "batch 1", "raw SQL, batch 1", "k:"),
+        ("raw", "batch 1", "raw SQL, batch 1", "kx:"),
         ("tasksdb", "worker", "django-tasks-db", "s-"),
         ("q2", "worker", "django-q2 (ORM)", "^-"),
         ("djqueue", "worker", "dj-queue", "d-"),

@@ -147,10 +147,12 @@ def drain(jobs: int, processes: int, record_dir: Path, timeout: float) -> dict:
 
     connections.close_all()
     procs = start_workers(processes, burst=True, record_dir=record_dir)
-    done = wait_for_records(record_dir, jobs, timeout)
-    # Let a duplicate (if any) show before the check.
-    time.sleep(0.5)
-    stop_workers(procs)
+    try:
+        done = wait_for_records(record_dir, jobs, timeout)
+        # Let a duplicate (if any) show before the check.
+        time.sleep(0.5)
+    finally:
+        stop_workers(procs)
     records = read_records(record_dir)
     return {
         "rate": drain_rate(records),
@@ -174,13 +176,15 @@ def latency(samples: int, gap: float, record_dir: Path) -> dict:
 
     connections.close_all()
     procs = start_workers(1, burst=False, record_dir=record_dir)
-    # Let it start and go idle: we measure pickup by a worker that was waiting, and what
-    # the waiting costs the database.
-    time.sleep(2.5)
-    idle = idle_cost(os.environ.get("DATABASE_URL", ""), 3.0)
-    put_times = spaced_puts(enqueue_one, samples, gap)
-    wait_for_records(record_dir, samples, timeout=30)
-    stop_workers(procs)
+    try:
+        # Let it start and go idle: we measure pickup by a worker that was waiting, and what
+        # the waiting costs the database.
+        time.sleep(2.5)
+        idle = idle_cost(os.environ.get("DATABASE_URL", ""), 3.0)
+        put_times = spaced_puts(enqueue_one, samples, gap)
+        wait_for_records(record_dir, samples, timeout=30)
+    finally:
+        stop_workers(procs)
     records = read_records(record_dir)
     return {**latencies(records, put_times), "idle": idle, **check_once(records, range(samples))}
 
