@@ -116,3 +116,16 @@ def test_a_task_finished_before_a_redelivery_is_not_run_again():
     result.refresh()
     assert result.return_value == 8
     assert result.worker_ids == ["w1"]
+
+
+def test_the_demo_view_enqueues_a_task_and_shows_its_result(client):
+    response = client.post("/demo/tasks/")
+    assert response.status_code == 202
+    result_id = response.json()["id"]
+    assert response.json()["status"] == "READY"
+    assert TaskRecord.objects.get(pk=result_id).task_path == "demo.tasks.count_reviewed"
+    shown = client.get(f"/demo/tasks/{result_id}/").json()
+    assert shown == {"id": result_id, "status": "READY"}
+    task_backends["default"].execute(result_id, "here")
+    shown = client.get(f"/demo/tasks/{result_id}/").json()
+    assert shown == {"id": result_id, "status": "SUCCESSFUL", "return_value": {"reviewed": 0, "total": 0}}
