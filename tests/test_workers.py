@@ -287,6 +287,27 @@ def test_heartbeats_keep_a_task_longer_than_its_ttr():
     assert "lost their lease" not in done.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_heartbeats_keep_loop_ids_locked_past_lock_for():
+    WorkerLoop.objects.add([1000, 1001])
+    done = run_workers(
+        "--burst",
+        "--processes",
+        "2",
+        "--only",
+        "w-loop-slow",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES='{"HEARTBEAT_INTERVAL": 0.2}',
+    )
+    assert done.returncode == 0, done.stderr
+    # lock_for=1 under a 2.5 s handler: without renewal the other process would run them too.
+    starts = Counter(WorkLog.objects.filter(kind="loop-slow", phase="start").values_list("key", flat=True))
+    assert starts == Counter({"1000": 1, "1001": 1})
+    assert ends("loop-slow") == Counter({"1000": 1, "1001": 1})
+    assert WorkerLoop.objects.filter(last_updated__isnull=False).count() == 2
+
+
 def children_of(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [int(p) for p in f.read().split()]

@@ -50,3 +50,10 @@ def visit(item_id: int) -> None:
     log("loop", item_id)
     if item_id < 0:
         raise RuntimeError(f"id {item_id} fails on purpose")
+
+
+@loop(WorkerLoop, batch=1, lock_for=1, name="w-loop-slow")
+def visit_slowly(item_id: int) -> None:
+    log("loop-slow", item_id, "start")
+    time.sleep(2.5)
+    log("loop-slow", item_id)
