@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_for_sentinels
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from ..conf import setting
+from ..exceptions import DatabaseBusy
 from ..reaper import format_report, reap
 from . import Handler, get_handlers
 from .drivers import Driver, TubeDriver, make_driver
@@ -35,6 +36,8 @@ logger = logging.getLogger("django_taskloop.workers")
 
 #: Seconds between two runs of the reaper in a long-running worker process.
 REAP_EVERY = 60.0
+#: Database errors in a row after which a worker gives up (its supervisor restarts it).
+MAX_CONSECUTIVE_ERRORS = 10
 
 
 class StopNow(BaseException):
@@ -138,12 +141,18 @@ class Worker:
         started = time.monotonic()
         idle = float(setting("POLL_MIN"))
         try:
+            errors = 0
             while not self.stopping:
                 worked = 0
-                for driver in self.drivers:
-                    if self.stopping:
-                        break
-                    worked += self.run_batch(driver)
+                try:
+                    for driver in self.drivers:
+                        if self.stopping:
+                            break
+                        worked += self.run_batch(driver)
+                    errors = 0
+                except (DatabaseError, DatabaseBusy):
+                    errors = self._database_error(errors)
+                    continue
                 if worked:
                     idle = float(setting("POLL_MIN"))
                     continue
@@ -154,11 +163,14 @@ class Worker:
                     break
                 if len(self.drivers) == 1 and isinstance(self.drivers[0], TubeDriver):
                     # One tube: block in take(timeout), which wakes on a put at once (NOTIFY on
-                    # PostgreSQL, a backed-off poll elsewhere) and then claim the rest in bulk.
+                    # PostgreSQL, a backed-off poll elsewhere); the next round claims in bulk.
                     driver = self.drivers[0]
-                    first = driver.wait_one(1.0)
-                    if first:
-                        self.run_batch(driver, first)
+                    try:
+                        first = driver.wait_one(1.0)
+                        if first:
+                            self.run_batch(driver, first)
+                    except (DatabaseError, DatabaseBusy):
+                        errors = self._database_error(errors)
                     continue
                 # Idle: one indexed query per handler per poll, polls spaced out up to POLL_MAX.
                 self.wake.wait(idle)
@@ -173,6 +185,20 @@ class Worker:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return 0
+
+    def _database_error(self, errors: int) -> int:
+        """Log the database error being handled, reconnect, back off; re-raise when it persists.
+
+        The database went away or stayed locked: what this worker held comes back when its
+        lease ends, so going on after a reconnect loses nothing.
+        """
+        errors += 1
+        if errors >= MAX_CONSECUTIVE_ERRORS:
+            raise
+        logger.exception("worker %s: database error (%d in a row), retrying", self.identity, errors)
+        connections.close_all()
+        self.wake.wait(min(5.0, 0.1 * 2**errors))
+        return errors
 
     def run_batch(self, driver: Driver, first: Sequence[Any] = ()) -> int:
         """Claim one batch for ``driver``, run its handler on each item, settle; return the size.
