@@ -303,7 +303,9 @@ def rates(
     return summary(values) if values else None
 
 
-def write_report(results: list[dict], out: Path, quick: bool, databases: list[str], elapsed: float) -> str:
+def write_report(
+    results: list[dict], out: Path, quick: bool, databases: list[str], elapsed: float, load: str = "?"
+) -> str:
     table = collect(results)
     procs = sorted({r["processes"] for r in results if r["scenario"] == "drain" and r["processes"]})
     lines = [
@@ -311,8 +313,8 @@ def write_report(results: list[dict], out: Path, quick: bool, databases: list[st
         "",
         f"{'Quick (smoke) run' if quick else 'Full run'} of `python bench/run.py{' --quick' if quick else ''}`, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
-        f"{elapsed / 60:.1f} minutes. Medians, with min–max where there were several repeats; "
-        "no-op jobs; rates from the first to the last handler start.",
+        f"{elapsed / 60:.1f} minutes, load average {load}. Medians, with min–max where there were several "
+        "repeats; no-op jobs; rates from the first to the last handler start.",
         "",
     ]
     problems = [
@@ -629,7 +631,14 @@ def main() -> None:
 
     if args.report_only:
         saved = json.loads((out / "results.json").read_text())
-        write_report(saved["results"], out, saved["quick"], saved["databases"], saved["elapsed"])
+        write_report(
+            saved["results"],
+            out,
+            saved["quick"],
+            saved["databases"],
+            saved["elapsed"],
+            saved.get("load", "?"),
+        )
         plot(saved["results"], out, saved["databases"])
         return
     for system in systems:
@@ -641,6 +650,8 @@ def main() -> None:
         steps = [s for s in steps if s.scenario in wanted]
     results: list[dict] = []
     started = time.monotonic()
+    # Other work on the machine shows directly in the numbers: say how busy it was.
+    load_start = os.getloadavg()[0]
     log = open(out / "run.log", "w")  # noqa: SIM115
     record_dir = out / "records"
     prepared: set[tuple[str, str]] = set()
@@ -677,14 +688,22 @@ def main() -> None:
                 flush=True,
             )
         elapsed = time.monotonic() - started
+        load = f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
         (out / "results.json").write_text(
             json.dumps(
-                {"quick": args.quick, "databases": databases, "elapsed": elapsed, "results": results},
+                {
+                    "quick": args.quick,
+                    "databases": databases,
+                    "elapsed": elapsed,
+                    "load": load,
+                    "results": results,
+                },
                 indent=1,
             )
         )
     elapsed = time.monotonic() - started
-    write_report(results, out, args.quick, databases, elapsed)
+    load = f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    write_report(results, out, args.quick, databases, elapsed, load)
     png = plot(results, out, databases)
     print(f"\n{len(results)} results in {elapsed / 60:.1f} minutes: {out / 'report.md'}, {png}")
 
