@@ -39,6 +39,9 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: The largest ``limit`` a claim passes to the database (more rows than any table holds).
+MAX_LIMIT = 2**31 - 1
+
 
 @contextmanager
 def write_transaction(model: type[Model], using: str) -> Iterator[None]:
@@ -113,6 +116,9 @@ def claim(
     """
     if limit <= 0:
         return []
+    # A limit beyond any table's size means "all of them"; larger ones overflow SQL's LIMIT
+    # (a 64-bit integer, doubled below for the candidates) and fail inside the database.
+    limit = min(limit, MAX_LIMIT)
     model = queryset.model
     using = queryset.db
     base = queryset.filter(claimable).order_by(*order_by)
