@@ -8,12 +8,15 @@ is saved under ``artifacts/screenshots/`` for CI to keep.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connections
 
 from django_taskloop.models import Job, JobBoard, Task, Tube
 from tests.testapp.models import IntLoop
@@ -39,11 +42,18 @@ def server() -> Iterator[str]:
     """A live server of the test project on 127.0.0.1 (pytest-django's uses ``localhost``)."""
     from pytest_django.live_server_helper import LiveServer
 
+    before = set(threading.enumerate())
     live = LiveServer("127.0.0.1")
     try:
         yield live.url
     finally:
         live.stop()
+        # The server's request threads are daemons that close their database connection when
+        # the browser's keep-alive socket closes: wait for them, or PostgreSQL refuses to drop
+        # the test database while "another session" is still using it.
+        deadline = time.monotonic() + 10
+        for thread in set(threading.enumerate()) - before:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 @pytest.fixture
@@ -68,6 +78,10 @@ def page(server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         finally:
             context.close()
             browser.close()
+            # Inside sync_playwright() the ORM runs in the greenlet's own context, with a
+            # connection of its own: close it here, where it is visible, or it outlives the
+            # test (and PostgreSQL refuses to drop the test database).
+            connections.close_all()
 
 
 def shot(page: Any, name: str) -> None:
