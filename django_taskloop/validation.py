@@ -59,6 +59,15 @@ def check_owner(value: Any, name: str, *, max_length: int = 255) -> str:
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
     if not value:
         raise ValueError(f"{name} must not be empty")
+    # PostgreSQL refuses NUL in text and no database stores a lone surrogate: say so here,
+    # by name, rather than fail inside the database (found by fuzzing, issue 9).
+    if "\x00" in value:
+        raise ValueError(f"{name} must not contain NUL characters")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{name} must be valid Unicode text (it holds a lone surrogate)") from None
     if len(value) > max_length:
         raise ValueError(f"{name} must be at most {max_length} characters, not {len(value)}")
     return value
