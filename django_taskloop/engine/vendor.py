@@ -99,8 +99,10 @@ class DbNow(Expression):
         return "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)", [round(self.seconds * 1_000_000)]
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        # Millisecond precision, the format Django writes (and parses back).
-        return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)", [f"{self.seconds:+.3f} seconds"]
+        # SQLite keeps datetimes as text and compares them as text. Its clock has milliseconds;
+        # padding to six digits matches what Django writes for Python datetimes, so both sort
+        # alike within the same millisecond.
+        return "(STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')", [f"{self.seconds:+.3f} seconds"]
 
 
 def to_datetime(value: Any) -> dt.datetime:

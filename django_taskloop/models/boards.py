@@ -251,7 +251,8 @@ class JobBoard(models.Model):
 
     name = models.CharField(
         max_length=100,
-        validators=[RegexValidator(_NAME_RE, "Use 1-100 letters, digits, '_', '-' or '.'.")],
+        # A pattern string, not _NAME_RE: migrations cannot serialise a regex compiled with re.ASCII.
+        validators=[RegexValidator(r"\A[A-Za-z0-9_.\-]{1,100}\Z", "Use 1-100 letters, digits, '_', '-' or '.'.")],
     )
     created_on = models.DateTimeField(editable=False)
 
