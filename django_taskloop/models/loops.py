@@ -85,13 +85,18 @@ class TaskLoopBase(ModelBase):
         if not opts.abstract and not opts.proxy and opts.get_field("lock_until").model is cls:
             # Added here rather than in TaskLoop.Meta.indexes: a subclass that writes its own
             # ``class Meta`` without inheriting TaskLoop.Meta would silently lose it.
-            fields = ["lock_until", "last_updated", opts.pk.name]
-            if not any(list(index.fields) == fields for index in opts.indexes):
-                index = TaskLoopIndex(fields=fields)
-                index.set_name_with_model(cls)
-                opts.indexes = [*opts.indexes, index]
-                # Migrations read the indexes of a model only if its Meta declared some.
-                opts.original_attrs["indexes"] = opts.indexes
+            # The second index serves the admin's date-range filter on last_updated, which
+            # otherwise scans a million-row loop when few rows match.
+            for fields, index_class in (
+                (["lock_until", "last_updated", opts.pk.name], TaskLoopIndex),
+                (["last_updated"], models.Index),
+            ):
+                if not any(list(index.fields) == fields for index in opts.indexes):
+                    index = index_class(fields=fields)
+                    index.set_name_with_model(cls)
+                    opts.indexes = [*opts.indexes, index]
+                    # Migrations read the indexes of a model only if its Meta declared some.
+                    opts.original_attrs["indexes"] = opts.indexes
         return cls
 
 
@@ -421,8 +426,10 @@ class TaskLoopQuerySet(models.QuerySet):
             idle = queryset.filter(lock_until__isnull=True, last_updated__isnull=False).values_list(
                 "last_updated", flat=True
             )
-            idle_oldest = idle.order_by(F("last_updated").asc(nulls_first=True)).first()
-            idle_newest = idle.order_by(F("last_updated").desc(nulls_last=True)).first()
+            # PostgreSQL reads the claim index in order only if the ORDER BY repeats lock_until.
+            lead = ["lock_until"] if engine.features(using).order_by_repeats_null_prefix else []
+            idle_oldest = idle.order_by(*lead, F("last_updated").asc(nulls_first=True)).first()
+            idle_newest = idle.order_by(*lead, F("last_updated").desc(nulls_last=True)).first()
 
         def since(value: Any) -> float:
             return 0.0 if value is None else float((now - value).total_seconds())
