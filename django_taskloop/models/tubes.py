@@ -1022,6 +1022,9 @@ class Task(models.Model):
             # A utube task's siblings, for "is it the head of its sub-queue?". Only inserts and
             # deletes touch it (no state in it), so fifo tubes pay little for it.
             models.Index(fields=["tube", "utube", "id"], name="taskloop_task_utube"),
+            # The admin's date-range filter on created: without it a range that matches few
+            # rows scans the whole table (1.5 s at a million tasks on MariaDB).
+            models.Index(fields=["created"], name="taskloop_task_created"),
         ]
         constraints = [
             models.UniqueConstraint(fields=["tube", "taken_key"], name="taskloop_task_utube_taken"),
