@@ -35,6 +35,12 @@ ON_POSTGRES = "postgresql" in settings_module.DATABASES["default"]["ENGINE"]
 # PostgreSQL refuses NUL in text and jsonb, lone surrogates, and NaN in JSON; SQLite and
 # MariaDB store them. put()/post()/register_entity() should refuse them by name everywhere
 # (json.dumps(..., allow_nan=False), and NUL / surrogate checks on names and JSON strings).
+JSON_NAN_BUG = pytest.mark.xfail(
+    reason="issue 9: put(math.nan) passes json.dumps (allow_nan) and then fails inside every "
+    "database (PostgreSQL DataError; SQLite and MariaDB JSON_VALID check IntegrityError) instead "
+    "of a TypeError naming data",
+    strict=False,
+)
 PG_JSON_BUG = pytest.mark.xfail(
     ON_POSTGRES,
     reason="issue 9: NUL, lone surrogates and NaN in data/details/metadata/names reach PostgreSQL "
@@ -264,6 +270,16 @@ def board():
     return board
 
 
+def _claimed_job(board: JobBoard) -> Job:
+    """A job of ``board`` claimed by "owner" (fixtures are not reset between examples)."""
+    for job in board.iterjobs():
+        if board.find_owner(job) == "owner":
+            return job
+    job = board.post("b")
+    board.claim(job, "owner", expiry=60)
+    return job
+
+
 @FUZZ
 @given(value=junk)
 def test_board_create_board_name(value):
@@ -286,7 +302,7 @@ def test_board_post(board, arg, value):
     value=junk,
 )
 def test_board_job_verbs(board, verb, arg, value):
-    job = Job.objects.get(name="b")
+    job = _claimed_job(board)
     kwargs: dict[str, Any] = {"job": job, "who": "owner"}
     kwargs[arg] = value
     check(f"JobBoard.{verb}({arg})", lambda: getattr(board, verb)(**kwargs))
@@ -295,7 +311,7 @@ def test_board_job_verbs(board, verb, arg, value):
 @FUZZ
 @given(value=junk)
 def test_board_claim_expiry(board, value):
-    job = Job.objects.get(name="a")
+    job = board.post("free")  # fixtures are not reset between hypothesis examples
     check("JobBoard.claim(expiry)", lambda: board.claim(job, "me", expiry=value))
 
 
@@ -331,7 +347,7 @@ def test_board_register_entity(board, arg, value):
 @FUZZ
 @given(value=junk)
 def test_job_extend_expiry(board, value):
-    job = Job.objects.get(name="b")
+    job = _claimed_job(board)
     check("Job.extend_expiry(seconds)", lambda: job.extend_expiry(value))
 
 
@@ -339,7 +355,7 @@ def test_job_extend_expiry(board, value):
 @given(value=junk.filter(lambda v: not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0)))
 def test_waits_reject_or_return_at_once(board, value):
     # A positive timeout would wait for real: only the refused and instant ones are fuzzed.
-    job = Job.objects.get(name="b")
+    job = _claimed_job(board)
     check("Job.wait(timeout)", lambda: job.wait(value))
     check("JobBoard.wait(timeout)", lambda: next(iter(board.wait(value)), None))
 
@@ -364,7 +380,7 @@ def test_tube_create_tube(arg, value):
     check(f"Tube.create_tube({arg})", lambda: Tube.objects.create_tube(**kwargs))
 
 
-@PG_JSON_BUG
+@JSON_NAN_BUG
 @FUZZ
 @given(arg=st.sampled_from(["data", "pri", "ttl", "ttr", "delay", "utube"]), value=st.one_of(junk, non_json))
 def test_tube_put(tube, arg, value):
@@ -390,7 +406,12 @@ def test_tube_take(tube, arg, value):
     value=junk,
 )
 def test_tube_task_verbs(tube, verb, arg, value):
-    taken = Task.objects.get(tube=tube, state="t").id
+    # Fixtures are not reset between hypothesis examples: make sure "owner" holds a task.
+    held = Task.objects.filter(tube=tube, state="t", owner="owner").first()
+    if held is None:
+        tube.put({"n": 0})
+        held = tube.take(0, consumer="owner")
+    taken = held.id
     kwargs: dict[str, Any] = {"task_id": taken}
     if verb in ("ack", "release", "touch"):
         kwargs["consumer"] = "owner"
