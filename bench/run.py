@@ -445,7 +445,7 @@ def write_report(
         ]
 
     # Growth.
-    lines += ["## Claim latency as the tube grows (`take(0)` + `ack`, ms, median / p95)", ""]
+    lines += ["## Claim latency as the tube grows (`take(0)`, ms, median / p95)", ""]
     sizes = []
     for r in results:
         if r["scenario"] == "growth":
