@@ -122,6 +122,7 @@ def test_connection_killed_by_the_server_mid_claim_rolls_back(paused_table, vend
                 outcome["error"] = error
             finally:
                 ready.set()
+                connection.close()  # this thread's own connection, whatever state it is in
 
         thread = threading.Thread(target=victim)
         thread.start()
