@@ -21,7 +21,7 @@ def test_server_without_skip_locked_gets_e001(monkeypatch, vendor):
         return
     connection.ensure_connection()
     # What Django reports for MySQL < 8.0.1 or MariaDB < 10.6.
-    monkeypatch.setattr(type(connection.features), "has_select_for_update_skip_locked", False)
+    monkeypatch.setattr(connection.features, "has_select_for_update_skip_locked", False)
     errors = check_skip_locked(databases=["default"])
     assert [e.id for e in errors] == ["taskloop.E001"]
     assert "MariaDB 10.6" in errors[0].hint
