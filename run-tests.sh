@@ -10,9 +10,9 @@ VENV="${VENV:-.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
-extras=test
+extras=test${EXTRAS:+,$EXTRAS}   # EXTRAS=browser adds Playwright for the admin's browser test
 # mysqlclient compiles against the MariaDB/MySQL client library: only when it is used.
-case "${DATABASE_URL:-}" in mysql*) extras=test,mysql ;; esac
+case "${DATABASE_URL:-}" in mysql*) extras=$extras,mysql ;; esac
 stamp="$VENV/.installed-$extras-$(cksum < pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip

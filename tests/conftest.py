@@ -22,7 +22,9 @@ def _child(target: Callable[..., Any], args: Sequence[Any], queue: Any, barrier:
         connections.close_all()
 
 
-def race(target: Callable[..., Any], args_per_process: Sequence[Sequence[Any]], timeout: float = 300) -> list[Any]:
+def race(
+    target: Callable[..., Any], args_per_process: Sequence[Sequence[Any]], timeout: float = 300
+) -> list[Any]:
     """Run ``target(*args)`` in one real OS process per entry, all at once; return the results.
 
     Use from ``transaction=True`` tests only: the processes see committed data alone.
@@ -60,7 +62,9 @@ def pytest_configure(config: Any) -> None:
         from django.conf import settings
 
         engine = settings.DATABASES["default"]["ENGINE"]
-        actual = {"sqlite3": "sqlite", "mysql": "mysql", "postgresql": "postgresql"}.get(engine.rsplit(".", 1)[-1])
+        actual = {"sqlite3": "sqlite", "mysql": "mysql", "postgresql": "postgresql"}.get(
+            engine.rsplit(".", 1)[-1]
+        )
         if actual != expected:
             raise pytest.UsageError(f"TASKLOOP_EXPECT_VENDOR={expected} but DATABASE_URL gives {engine}")
 
@@ -69,3 +73,36 @@ def pytest_report_header(config: Any) -> str:
     from django.conf import settings
 
     return f"django-taskloop: database engine {settings.DATABASES['default']['ENGINE']}"
+
+
+_BROWSER_MISSING: list[str] = []
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """Outside CI, leave out the real-browser tests where no browser can run them, and say so.
+
+    CI (``CI=true``) always runs them: there a missing browser is a failure, not a skip.
+    """
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    if os.environ.get("CI"):
+        return
+    missing = []
+    if importlib.util.find_spec("playwright") is None:
+        missing.append("the playwright package (pip install -e '.[browser]')")
+    if not Path(os.environ.get("TASKLOOP_CHROMIUM", "/usr/bin/chromium")).exists():
+        missing.append("chromium (apt-get install chromium)")
+    if not missing:
+        return
+    browser = [item for item in items if item.get_closest_marker("browser")]
+    if browser:
+        config.hook.pytest_deselected(items=browser)
+        items[:] = [item for item in items if not item.get_closest_marker("browser")]
+        _BROWSER_MISSING.append(f"{len(browser)} browser test(s) not run: missing " + " and ".join(missing))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in _BROWSER_MISSING:
+        terminalreporter.write_line(line, yellow=True)
