@@ -129,8 +129,14 @@ def test_burst_with_nothing_to_do_exits_at_once():
 def test_failing_tube_task_is_retried_with_growing_delays_then_buried():
     failing = Tube.objects.create_tube("w-fail", "fifottl")
     task = failing.put({"x": 1})
+    # Two processes: the attempt count lives in the database, so the limit holds across them.
     worker = start_workers(
-        "--only", "w-fail", DJANGO_SETTINGS_MODULE="tests.workers_settings", TASKLOOP_OVERRIDES=FAST
+        "--only",
+        "w-fail",
+        "--processes",
+        "2",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
     )
     try:
         wait_until(lambda: failing.statistics()["tasks"]["buried"] == 1, timeout=60)
@@ -146,6 +152,7 @@ def test_failing_tube_task_is_retried_with_growing_delays_then_buried():
     assert gaps[1] >= 0.55  # doubled
     assert gaps[1] > gaps[0]
     assert failing.peek(task.id).state == "!"
+    assert failing.peek(task.id).attempts == 3
     assert "retry in 0.3s" in output
     assert "buried after 3 attempts" in output
 
@@ -174,6 +181,7 @@ def test_failing_job_is_abandoned_then_trashed_and_failing_loop_id_backs_off():
     assert worker.returncode == 0, output
     job.refresh_from_db()
     assert job.trashed
+    assert job.attempts == 3
     assert WorkLog.objects.filter(kind="board", key=job.uuid).count() == 3
     assert ends("board")[good.uuid] == 1
     assert "trashed after 3 attempts" in output

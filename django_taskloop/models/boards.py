@@ -24,7 +24,7 @@ from typing import Any, Self
 
 from django.core.validators import RegexValidator
 from django.db import IntegrityError, connections, models, router, transaction
-from django.db.models import BooleanField, Case, Q, Value, When
+from django.db.models import BooleanField, Case, F, Q, Value, When
 
 from .. import engine
 from ..conf import setting
@@ -375,6 +375,7 @@ class JobBoard(models.Model):
             claimed_by=who,
             claim_expires_at=None if expiry is None else engine.DbNow(expiry),
             last_modified=engine.DbNow(),
+            attempts=F("attempts") + 1,
         )
         return rows.get()
 
@@ -391,6 +392,8 @@ class JobBoard(models.Model):
                 "claimed_by": who,
                 "claim_expires_at": None if expiry is None else engine.DbNow(expiry),
                 "last_modified": engine.DbNow(),
+                # Claims so far, so that a worker can trash a job that keeps failing.
+                "attempts": F("attempts") + 1,
             },
             fetch=True,
         )
@@ -617,6 +620,8 @@ class Job(models.Model):
     trashed = models.BooleanField(default=False, editable=False)
     trashed_by = models.CharField(max_length=_OWNER_LENGTH, null=True, blank=True, editable=False)
     trashed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    #: Times the job has been claimed (workers trash it after TASKLOOP["MAX_ATTEMPTS"] failures).
+    attempts = models.PositiveIntegerField(default=0, editable=False)
 
     objects = JobManager()
 

@@ -653,7 +653,8 @@ class Tube(models.Model):
     def _take(self, limit: int, consumer: str) -> list[Task]:
         self._beat(consumer)
         self._tidy_for_take()
-        changes: dict[str, Any] = {"state": TAKEN, "owner": consumer}
+        # attempts counts takes, so that a worker can bury a task that keeps failing.
+        changes: dict[str, Any] = {"state": TAKEN, "owner": consumer, "attempts": F("attempts") + 1}
         if self._has_ttl:
             changes["event_at"] = _taken_deadline()
         if self._is_utube:
@@ -1008,6 +1009,8 @@ class Task(models.Model):
     ttr = models.FloatField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     data = models.JSONField(null=True, blank=True)
+    #: Times the task has been taken (workers bury it after TASKLOOP["MAX_ATTEMPTS"] failures).
+    attempts = models.PositiveIntegerField(default=0, editable=False)
 
     class Meta:
         app_label = "django_taskloop"

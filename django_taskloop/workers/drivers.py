@@ -174,9 +174,8 @@ class TubeDriver(Driver):
         self._forget(ids)
 
     def failed(self, item: Any, error: BaseException) -> str:
-        attempts = getattr(item, "attempts", None)
-        if not attempts:
-            attempts = self._count_failure(item.id)
+        # The claim counted this take: after MAX_ATTEMPTS takes, wherever they ran, it is buried.
+        attempts = item.attempts
         if attempts >= int(setting("MAX_ATTEMPTS")):
             # bury needs no ownership; the task keeps its data for kick() after a fix.
             self.tube.bury(item.id)
@@ -240,7 +239,8 @@ class BoardDriver(Driver):
         self._forget([job.uuid for job in items])
 
     def failed(self, item: Any, error: BaseException) -> str:
-        attempts = getattr(item, "attempts", None) or self._count_failure(item.uuid)
+        # The claim counted this one: after MAX_ATTEMPTS claims, wherever they ran, it is trashed.
+        attempts = item.attempts
         if attempts >= int(setting("MAX_ATTEMPTS")):
             self.board.trash(item, self.identity)
             self._forget([item.uuid])
