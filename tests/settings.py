@@ -17,7 +17,11 @@ _default = DATABASES["default"]
 if "sqlite" in _default["ENGINE"]:
     # A file, not memory: the concurrency tests open it from other processes.
     _default["TEST"] = {"NAME": f"/tmp/taskloop_test_{SUFFIX}.sqlite3"}
-    _other = {**_default, "NAME": "/tmp/unused_other.sqlite3", "TEST": {"NAME": f"/tmp/taskloop_test_{SUFFIX}_other.sqlite3"}}
+    _other = {
+        **_default,
+        "NAME": "/tmp/unused_other.sqlite3",
+        "TEST": {"NAME": f"/tmp/taskloop_test_{SUFFIX}_other.sqlite3"},
+    }
 else:
     _default["TEST"] = {"NAME": f"test_taskloop_{SUFFIX}"}
     _other = {**_default, "TEST": {"NAME": f"test_taskloop_{SUFFIX}_other"}}

@@ -167,7 +167,10 @@ def test_claim_candidates_read_an_index_in_order():
     # The default order (primary key) and a user's filtered order (an index on queue, rank).
     assert_ordered_by_index(Ticket.objects.filter(claimable).order_by("pk").values_list("pk")[:14])
     assert_ordered_by_index(
-        Ticket.objects.filter(queue="a").filter(claimable).order_by("queue", "rank", "pk").values_list("pk")[:14]
+        Ticket.objects.filter(queue="a")
+        .filter(claimable)
+        .order_by("queue", "rank", "pk")
+        .values_list("pk")[:14]
     )
     # release_expired finds expired locks through the lock_expires_at index.
     text = Ticket.objects.filter(lock_expires_at__lte=DbNow()).explain()
