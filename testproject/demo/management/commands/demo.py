@@ -35,6 +35,7 @@ class Command(BaseCommand):
             emails.put({"article": pk})
         result = count_reviewed.enqueue()
 
+        self.editors_review()
         self.stdout.write("before:")
         self.show(builds, emails)
         self.stdout.write(f"  @task count_reviewed: {result.status}")
@@ -44,6 +45,16 @@ class Command(BaseCommand):
         self.stdout.write("after:")
         self.show(builds, emails)
         self.stdout.write(f"  @task count_reviewed: {result.status}, returned {result.return_value}")
+
+    def editors_review(self) -> None:
+        """Seed 003's example: two editors each claim five articles; nobody gets the same one."""
+        waiting = Article.objects.filter(reviewed=False).order_by("id")
+        ann = waiting.claim("editor-ann", 5, lock_for=600)
+        bob = waiting.claim("editor-bob", 5, lock_for=600)
+        self.stdout.write(f"editors: ann claimed {[a.pk for a in ann]}, bob claimed {[a.pk for a in bob]}")
+        Article.objects.filter(pk__in=[a.pk for a in ann]).update(reviewed=True, reviewed_by="editor-ann")
+        released = Article.objects.release("editor-ann") + Article.objects.release("editor-bob")
+        self.stdout.write(f"editors: ann reviewed hers, both released their locks ({released} rows)")
 
     def show(self, builds: Any, emails: Any) -> None:
         stats = ArticleLoop.objects.stats()
