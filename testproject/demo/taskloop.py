@@ -7,7 +7,7 @@ from typing import Any
 
 from django_taskloop.workers import board, loop, tube
 
-from .models import Article, ArticleLoop
+from .models import Article, ArticleLoop, Feed, FeedLoop
 
 logger = logging.getLogger(__name__)
 
@@ -16,6 +16,12 @@ logger = logging.getLogger(__name__)
 def recheck(article_id: int) -> None:
     """Review an article by machine: the loop comes back to every id once an hour."""
     Article.objects.filter(pk=article_id, reviewed=False).update(reviewed=True, reviewed_by="robot")
+
+
+@loop(FeedLoop, batch=20, lock_for=120, min_loop_time=900)
+def fetch_feed(feed_id: int) -> None:
+    """Fetch a feed; the loop brings it back every 15 minutes."""
+    Feed.objects.get(pk=feed_id).fetch()
 
 
 @board("demo-builds", expiry=60)

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from django_taskloop.models import JobBoard, Tube
 
-from ...models import Article, ArticleLoop
+from ...models import Article, ArticleLoop, Feed
 from ...tasks import count_reviewed
 
 
@@ -27,6 +27,8 @@ class Command(BaseCommand):
         Article.objects.bulk_create([Article(title=f"Article {first + i + 1}") for i in range(articles)])
         ids = list(Article.objects.filter(reviewed=False).values_list("pk", flat=True))
         ArticleLoop.objects.add(ids)
+        for n in range(5):  # saving a feed adds it to FeedLoop
+            Feed.objects.get_or_create(url=f"https://example.com/feed/{n}.xml")
         builds = JobBoard.objects.create_board("demo-builds", if_not_exists=True)
         for n in range(10):
             builds.post(f"build-{n}", {"target": f"release-{n}"})
@@ -63,6 +65,8 @@ class Command(BaseCommand):
             f"  loop ArticleLoop: {never} ids never done, {stats['locked']} locked; "
             f"articles reviewed {Article.objects.filter(reviewed=True).count()}/{Article.objects.count()}"
         )
+        fetched = sum(Feed.objects.values_list("fetched", flat=True))
+        self.stdout.write(f"  loop FeedLoop: {Feed.objects.count()} feeds, fetched {fetched} times in all")
         self.stdout.write(f"  board demo-builds: {builds.job_count} jobs")
         tasks = emails.statistics()["tasks"]
         self.stdout.write(f"  tube demo-emails: {tasks['ready']} ready, {tasks['done']} done")
