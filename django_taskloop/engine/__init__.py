@@ -135,7 +135,9 @@ def claim(
 
     if features(using).write_lock_first:
         # SQLite: nobody else can write while we hold the lock, so read and write at once.
-        return run_in_transaction(model, using, lambda: write(list(base.values_list("pk", flat=True)[:limit])))
+        return run_in_transaction(
+            model, using, lambda: write(list(base.values_list("pk", flat=True)[:limit]))
+        )
 
     of = ("self",) if features(using).for_update_of else ()
 

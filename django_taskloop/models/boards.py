@@ -252,7 +252,9 @@ class JobBoard(models.Model):
     name = models.CharField(
         max_length=100,
         # A pattern string, not _NAME_RE: migrations cannot serialise a regex compiled with re.ASCII.
-        validators=[RegexValidator(r"\A[A-Za-z0-9_.\-]{1,100}\Z", "Use 1-100 letters, digits, '_', '-' or '.'.")],
+        validators=[
+            RegexValidator(r"\A[A-Za-z0-9_.\-]{1,100}\Z", "Use 1-100 letters, digits, '_', '-' or '.'.")
+        ],
     )
     created_on = models.DateTimeField(editable=False)
 
