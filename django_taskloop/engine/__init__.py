@@ -44,30 +44,32 @@ MAX_LIMIT = 2**31 - 1
 
 
 @contextmanager
-def write_transaction(model: type[Model], using: str) -> Iterator[None]:
+def write_transaction(model: type[Model], using: str, savepoint: bool = True) -> Iterator[None]:
     """Open ``atomic(using)`` whose first statement takes the write lock where that matters.
 
     On SQLite the whole database is the lock: taking it first turns a lock-upgrade deadlock
     into an ordinary wait bounded by the busy timeout. On other databases this is ``atomic``.
     """
-    with transaction.atomic(using=using):
+    with transaction.atomic(using=using, savepoint=savepoint):
         take_write_lock(connections[using], model._meta.db_table)
         yield
 
 
-def run_in_transaction(model: type[Model], using: str, work: Callable[[], T]) -> T:
+def run_in_transaction(model: type[Model], using: str, work: Callable[[], T], savepoint: bool = True) -> T:
     """Run ``work()`` in a write transaction, retrying deadlocks and lock timeouts.
 
     Retries happen only when this is the outermost transaction: inside a caller's
     ``atomic()`` a deadlock has already spoiled the caller's transaction, so it surfaces as
-    :class:`DatabaseBusy` for the caller to retry whole.
+    :class:`DatabaseBusy` for the caller to retry whole. ``savepoint=False`` saves the two
+    round trips of a savepoint when nested, for work that raises only database errors (which
+    spoil the enclosing transaction anyway).
     """
     outermost = not connections[using].in_atomic_block
     retries = setting("RETRIES")
     attempt = 0
     while True:
         try:
-            with write_transaction(model, using):
+            with write_transaction(model, using, savepoint=savepoint):
                 return work()
         except DatabaseError as error:
             if not is_retryable(error, using):
@@ -136,7 +138,7 @@ def claim(
     if features(using).write_lock_first:
         # SQLite: nobody else can write while we hold the lock, so read and write at once.
         return run_in_transaction(
-            model, using, lambda: write(list(base.values_list("pk", flat=True)[:limit]))
+            model, using, lambda: write(list(base.values_list("pk", flat=True)[:limit])), savepoint=False
         )
 
     of = ("self",) if features(using).for_update_of else ()
@@ -159,12 +161,12 @@ def claim(
     if not candidates:
         return []
     recheck = rows.filter(claimable, pk__in=candidates).order_by(*order_by)
-    claimed = run_in_transaction(model, using, lambda: lock_and_write(recheck))
+    claimed = run_in_transaction(model, using, lambda: lock_and_write(recheck), savepoint=False)
     if claimed or len(candidates) < limit * overfetch:
         return claimed
     # Rivals held every candidate (they all read the same head of the queue). Let the index
     # scan itself skip what is locked: it finds free rows whenever there are any.
-    return run_in_transaction(model, using, lambda: lock_and_write(base))
+    return run_in_transaction(model, using, lambda: lock_and_write(base), savepoint=False)
 
 
 def batched(values: Sequence[T], using: str, per_row: int = 1) -> Iterator[Sequence[T]]:
