@@ -6,6 +6,7 @@ Each check runs before anything touches the database and raises ``TypeError`` (w
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Iterable
@@ -59,6 +60,14 @@ def check_owner(value: Any, name: str, *, max_length: int = 255) -> str:
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
     if not value:
         raise ValueError(f"{name} must not be empty")
+    check_text(value, name)
+    if len(value) > max_length:
+        raise ValueError(f"{name} must be at most {max_length} characters, not {len(value)}")
+    return value
+
+
+def check_text(value: str, name: str) -> str:
+    """Return ``value`` if every database can store it: no NUL, no lone surrogate."""
     # PostgreSQL refuses NUL in text and no database stores a lone surrogate: say so here,
     # by name, rather than fail inside the database (found by fuzzing, issue 9).
     if "\x00" in value:
@@ -68,8 +77,27 @@ def check_owner(value: Any, name: str, *, max_length: int = 255) -> str:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError(f"{name} must be valid Unicode text (it holds a lone surrogate)") from None
-    if len(value) > max_length:
-        raise ValueError(f"{name} must be at most {max_length} characters, not {len(value)}")
+    return value
+
+
+def check_json(value: Any, name: str) -> Any:
+    """Return ``value`` if it is a JSON value every database stores: finite numbers, clean text."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError as error:  # NaN or an infinity (PostgreSQL and MySQL's JSON refuse them)
+        raise ValueError(f"{name} must be a JSON value: {error}") from None
+    except (TypeError, RecursionError) as error:
+        raise TypeError(f"{name} must be a JSON value: {error}") from None
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            check_text(item, name)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
     return value
 
 

@@ -14,7 +14,6 @@ with no reaper; ``Job.objects.reap_expired()`` only tidies the columns up.
 from __future__ import annotations
 
 import enum
-import json
 import math
 import re
 import time
@@ -30,7 +29,7 @@ from .. import engine
 from ..conf import setting
 from ..exceptions import JobFailure, NotFound, TaskloopError, UnclaimableJob
 from ..signals import job_posted, job_removed
-from ..validation import check_bool, check_owner, check_seconds
+from ..validation import check_bool, check_json, check_owner, check_seconds, check_text
 
 __all__ = [
     "JobPriority",
@@ -322,11 +321,9 @@ class JobBoard(models.Model):
             details = {}
         if not isinstance(details, dict):
             raise TypeError(f"details must be a dict, not {type(details).__name__}")
-        try:
-            # Validate at write time: a posting that cannot be read back would break iterjobs.
-            json.dumps(details, allow_nan=False)
-        except (TypeError, ValueError) as error:
-            raise type(error)(f"details must be JSON-serializable: {error}")
+        # Validate at write time: a posting that cannot be read back would break iterjobs.
+        check_json(details, "details")
+        check_text(name, "name")
         priority = JobPriority.convert(priority)
         return self._post(name, details, priority)
 
@@ -536,10 +533,7 @@ class JobBoard(models.Model):
         if metadata is not None:
             if not isinstance(metadata, dict):
                 raise TypeError(f"metadata must be a dict, not {type(metadata).__name__}")
-            try:
-                json.dumps(metadata, allow_nan=False)
-            except (TypeError, ValueError) as error:
-                raise type(error)(f"metadata must be JSON-serializable: {error}")
+            check_json(metadata, "metadata")
         using = self._alias
         entities = BoardEntity.objects.db_manager(using).filter(board=self, kind=kind, name=name)
 

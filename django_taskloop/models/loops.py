@@ -118,9 +118,17 @@ class TaskLoopQuerySet(models.QuerySet):
             try:
                 value = target.to_python(value)
                 target.run_validators(value)
+                # Some backends (SQLite) set no range on integer fields: bound them here, so that
+                # an id too big for a 64-bit column is a ValueError, not a database error.
+                if isinstance(value, int) and not -(2**63) <= value < 2**63:
+                    raise ValidationError("out of the 64-bit integer range")
             except ValidationError as error:
                 raise ValueError(
                     f"id_or_ids: {value!r} is not a valid id of {self.model._meta.label}: {'; '.join(error.messages)}"
+                ) from None
+            except (OverflowError, ValueError, TypeError) as error:  # e.g. int(math.inf)
+                raise ValueError(
+                    f"id_or_ids: {value!r} is not a valid id of {self.model._meta.label}: {error}"
                 ) from None
             ids.setdefault(value, None)
         result = list(ids)

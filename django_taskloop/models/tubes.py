@@ -17,7 +17,6 @@ transaction as the change. No single row is written by every take and ack, and
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import re
@@ -35,7 +34,15 @@ from django.db.models.functions import Concat, Least
 from .. import engine, wakeup
 from ..conf import setting
 from ..exceptions import DatabaseBusy, NotFound, NotTaken, TaskloopError, TubeError
-from ..validation import MAX_SECONDS, check_bool, check_count, check_owner, check_seconds
+from ..validation import (
+    MAX_SECONDS,
+    check_bool,
+    check_count,
+    check_json,
+    check_owner,
+    check_seconds,
+    check_text,
+)
 
 __all__ = ["Tube", "Task", "TubeManager", "TubeStat", "Consumer", "TubeWaiter", "default_consumer"]
 
@@ -521,16 +528,13 @@ class Tube(models.Model):
         utube: Any = None,
     ) -> Task:
         """Add a task holding ``data`` (any JSON value) and return it (ready, or delayed)."""
-        try:
-            json.dumps(data)
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"data must be a JSON value: {error}") from error
+        check_json(data, "data")
         pri = _check_pri(pri)
         ttl = _check_lifetime(ttl, "ttl")
         ttr = _check_lifetime(ttr, "ttr")
         delay = check_seconds(delay, "delay", allow_none=True)
         if utube is not None:
-            utube = str(utube)
+            utube = check_text(str(utube), "utube")
             if len(utube) > 255:
                 raise ValueError(f"utube must be at most 255 characters, not {len(utube)}")
         task = Task(tube_id=self.pk, data=data, state=READY)
@@ -881,7 +885,9 @@ class Tube(models.Model):
             self._ensure_exists()
             alive = Q(ttl_at__isnull=True) | Q(ttl_at__gt=engine.DbNow())
             rows = self._tasks().filter(alive, state=BURIED).order_by(*self._order())
-            tasks = list(rows.select_for_update(skip_locked=engine.features(self._using).skip_locked)[:count])
+            # count may be any int: more than any table holds must not overflow LIMIT.
+            limit = min(count, engine.MAX_LIMIT)
+            tasks = list(rows.select_for_update(skip_locked=engine.features(self._using).skip_locked)[:limit])
             if not tasks:
                 return 0
             self._tasks().filter(pk__in=[t.pk for t in tasks]).update(state=READY)
