@@ -1077,13 +1077,19 @@ class ConsumerQuerySet(models.QuerySet["Consumer"]):
 
     def beat(self, name: str) -> None:
         """Record a heartbeat of consumer ``name`` (database time)."""
-        if self.filter(name=name).update(last_seen=engine.DbNow()):
-            return
-        try:
-            with transaction.atomic(using=self.db):
-                self.create(name=name, last_seen=engine.DbNow())
-        except IntegrityError:
-            self.filter(name=name).update(last_seen=engine.DbNow())
+
+        def work() -> None:
+            if self.filter(name=name).update(last_seen=engine.DbNow()):
+                return
+            try:
+                with transaction.atomic(using=self.db):
+                    self.create(name=name, last_seen=engine.DbNow())
+            except IntegrityError:
+                self.filter(name=name).update(last_seen=engine.DbNow())
+
+        # Through the engine: on SQLite many writers can keep the database locked for a while,
+        # and a heartbeat must be retried like any other write, not fail the caller's take().
+        engine.run_in_transaction(self.model, self.db, work)
 
     def forget_dead(self) -> int:
         """Delete dead consumers that hold no task; return how many."""
