@@ -350,6 +350,10 @@ def _child(names: list[str], burst: bool) -> None:
     # Own process group: a Ctrl-C in the terminal reaches the supervisor alone, which passes
     # it on once; otherwise every child would see it twice and stop at once.
     os.setpgrp()
+    # Forget the supervisor's signal handlers at once: a SIGTERM before the Worker installs
+    # its own must stop this child (it holds nothing yet), not run the parent's handler here.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     connections.close_all()
     handlers = get_handlers(names)
     sys.exit(Worker(handlers, burst=burst, supervised=True).run())

@@ -12,7 +12,6 @@ import time
 from collections import Counter
 
 import pytest
-from django.conf import settings
 from django.db import connections
 
 from django_taskloop.models import JobBoard, Task, Tube
@@ -82,16 +81,6 @@ def _exactly_once(results: list[list], expected: set) -> Counter:
     return every
 
 
-ON_SQLITE = "sqlite" in settings.DATABASES["default"]["ENGINE"]
-
-
-@pytest.mark.xfail(
-    ON_SQLITE,
-    reason="found by this test, reported on issue 9: on SQLite, tube.take()'s consumer heartbeat "
-    "(models/tubes.py Consumer.beat, a plain UPDATE outside the engine's retry) can wait out the "
-    "busy timeout among 16 writers and raise 'database is locked' to the caller",
-    strict=False,
-)
 def test_sixteen_processes_on_one_tube():
     tube = Tube.objects.create_tube("c-tube", "fifo")
     made = Task.objects.bulk_create([Task(tube=tube, data={"n": i}, state="r") for i in range(800)])

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.conf import settings as settings_module
 from django.db import models
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,24 +28,6 @@ from django_taskloop.models import Job, JobBoard, Task, Tube
 from tests.testapp.models import Ticket, WorkerLoop
 
 pytestmark = pytest.mark.django_db
-
-ON_POSTGRES = "postgresql" in settings_module.DATABASES["default"]["ENGINE"]
-# Found by this fuzz, reported on issue 9 (facade files, not ours to edit before 08:05):
-# PostgreSQL refuses NUL in text and jsonb, lone surrogates, and NaN in JSON; SQLite and
-# MariaDB store them. put()/post()/register_entity() should refuse them by name everywhere
-# (json.dumps(..., allow_nan=False), and NUL / surrogate checks on names and JSON strings).
-JSON_NAN_BUG = pytest.mark.xfail(
-    reason="issue 9: put(math.nan) passes json.dumps (allow_nan) and then fails inside every "
-    "database (PostgreSQL DataError; SQLite and MariaDB JSON_VALID check IntegrityError) instead "
-    "of a TypeError naming data",
-    strict=False,
-)
-PG_JSON_BUG = pytest.mark.xfail(
-    ON_POSTGRES,
-    reason="issue 9: NUL, lone surrogates and NaN in data/details/metadata/names reach PostgreSQL "
-    "and fail there with DataError instead of a ValueError naming the argument",
-    strict=False,
-)
 
 CLEAN = (TypeError, ValueError, TaskloopError)
 CASES: dict[str, int] = {}
@@ -210,11 +191,6 @@ def loop_ids():
     WorkerLoop.objects.claim(1, lock_for=60)
 
 
-@pytest.mark.xfail(
-    reason="found by this fuzz, reported on issue 9: models/loops.py does not check ids against the "
-    "key's type, so add/did/status(math.inf) raise OverflowError and add(2**70) a DatabaseError",
-    strict=False,
-)
 @FUZZ
 @given(
     verb=st.sampled_from(["add", "remove", "did", "unlock", "bump", "status"]),
@@ -286,7 +262,6 @@ def test_board_create_board_name(value):
     check("JobBoard.create_board(name)", lambda: JobBoard.objects.create_board(value))
 
 
-@PG_JSON_BUG
 @FUZZ
 @given(arg=st.sampled_from(["name", "details", "priority"]), value=st.one_of(junk, non_json))
 def test_board_post(board, arg, value):
@@ -335,7 +310,6 @@ def test_board_find_owner(board, value):
     check("JobBoard.find_owner(job)", lambda: board.find_owner(value))
 
 
-@PG_JSON_BUG
 @FUZZ
 @given(arg=st.sampled_from(["kind", "name", "metadata"]), value=st.one_of(junk, non_json))
 def test_board_register_entity(board, arg, value):
@@ -380,7 +354,6 @@ def test_tube_create_tube(arg, value):
     check(f"Tube.create_tube({arg})", lambda: Tube.objects.create_tube(**kwargs))
 
 
-@JSON_NAN_BUG
 @FUZZ
 @given(arg=st.sampled_from(["data", "pri", "ttl", "ttr", "delay", "utube"]), value=st.one_of(junk, non_json))
 def test_tube_put(tube, arg, value):
@@ -425,11 +398,6 @@ def test_tube_task_verbs(tube, verb, arg, value):
     check(f"Tube.{verb}({arg})", lambda: getattr(tube, verb)(**kwargs))
 
 
-@pytest.mark.xfail(
-    reason="found by this fuzz, reported on issue 9: models/tubes.py kick(count) slices with an "
-    "unbounded count, so kick(2**63) fails inside the database (LIMIT overflow)",
-    strict=False,
-)
 @FUZZ
 @given(value=junk)
 def test_tube_kick(tube, value):
