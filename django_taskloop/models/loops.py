@@ -219,6 +219,22 @@ class TaskLoopQuerySet(models.QuerySet):
 
     def _update(self, ids: list[Any], *, auto_add: bool, condition: Q | None = None, **changes: Any) -> int:
         """Optionally add missing ids, then update the matching rows; return the rows matched."""
+        if auto_add and condition is None:
+            # The common case is that every id is there: update first, and look for missing
+            # ids only when fewer rows matched than ids were given (one query less per did).
+            matched = self._update(ids, auto_add=False, **changes)
+            if matched == len(ids):
+                return matched
+            rows = self.model._base_manager.using(self.db)
+            present = {
+                pk
+                for batch in self._batches(ids)
+                for pk in rows.filter(pk__in=batch).values_list("pk", flat=True)
+            }
+            missing = [value for value in ids if value not in present]
+            if not missing:
+                return matched
+            return matched + self._update(missing, auto_add=True, condition=Q(), **changes)
         if auto_add:
             self._insert(ids, mostly_present=True)
         matched = 0
