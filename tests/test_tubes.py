@@ -344,13 +344,14 @@ def test_default_ttr_follows_tube_ttr_then_tube_ttl():
 @pytest.mark.parametrize("type", TTL)
 def test_delay_then_ready_and_delay_extends_ttl(type):
     tube = make(type)
-    task = tube.put("x", delay=0.3, ttl=1.5)
+    # A delay long enough that a loaded CI machine still sees the task delayed below.
+    task = tube.put("x", delay=1.5, ttl=3)
     assert task.state == "~"
     # The ttl counts from the end of the delay: the task lives delay + ttl.
-    assert 1.45 < (task.ttl_at - task.event_at).total_seconds() < 1.55
+    assert 2.95 < (task.ttl_at - task.event_at).total_seconds() < 3.05
     assert tube.take() is None
     assert tube.statistics()["tasks"]["delayed"] == 1
-    time.sleep(0.5)
+    time.sleep(1.8)
     got = tube.take()
     assert got is not None and got.pk == task.pk
     assert calls(tube) == {"put": 1, "take": 1, "delay": 1}
