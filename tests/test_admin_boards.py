@@ -101,7 +101,7 @@ def test_abandon_gives_the_job_back(boss, board):
     response = act(boss, "abandon_jobs", "b", "a")
     page = response.content.decode()
     assert "Abandoned 1 job(s)." in page
-    assert "Job &#x27;job-a&#x27;: it is not claimed" in page
+    assert "Job &#x27;job-a&#x27;: JobFailure: it is not claimed" in page
     assert job("job-b").state == "UNCLAIMED"
 
 

@@ -148,6 +148,27 @@ class TaskloopAdminMixin:
         self.message_user(request, success(result), messages.SUCCESS)  # type: ignore[attr-defined]
         return result
 
+    def run_each(
+        self,
+        request: HttpRequest,
+        items: Any,
+        verb: Callable[[Any], Any],
+        label: Callable[[Any], str],
+        done: str,
+    ) -> None:
+        """Call ``verb(item)`` for every item; report how many succeeded and each refusal."""
+        ok, errors = 0, []
+        for item in items:
+            try:
+                verb(item)
+                ok += 1
+            except (TaskloopError, ValueError, TypeError, LookupError) as error:
+                errors.append(f"{label(item)}: {type(error).__name__}: {error}")
+        if ok:
+            self.message_user(request, done % {"n": ok}, messages.SUCCESS)  # type: ignore[attr-defined]
+        for error in errors:
+            self.message_user(request, error, messages.ERROR)  # type: ignore[attr-defined]
+
     def require(self, request: HttpRequest, permission: str, obj: Model | None = None) -> None:
         """Raise ``PermissionDenied`` unless the user has ``permission`` (``change``, ``delete``…)."""
         if not getattr(self, f"has_{permission}_permission")(request, obj):

@@ -17,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
 from .. import engine
-from ..exceptions import JobFailure, TaskloopError
+from ..exceptions import JobFailure
 from ..models.boards import BoardEntity, ConsumedJob, Job, JobBoard, JobPriority
 from .base import (
     TaskloopAdminMixin,
@@ -308,17 +308,13 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Any], verb: Any, done: str) -> None:
         """Apply ``verb(board, job)`` to every selected job; report successes and refusals."""
-        ok, errors = 0, []
-        for job in queryset.select_related("board"):
-            try:
-                verb(job.board, job)
-                ok += 1
-            except (TaskloopError, ValueError, TypeError, LookupError) as error:
-                errors.append(f"Job {job.name!r}: {error}")
-        if ok:
-            self.message_user(request, done % {"n": ok}, messages.SUCCESS)
-        for error in errors:
-            self.message_user(request, error, messages.ERROR)
+        self.run_each(
+            request,
+            queryset.select_related("board"),
+            lambda job: verb(job.board, job),
+            lambda job: f"Job {job.name!r}",
+            done,
+        )
 
     @admin.action(description=_("Abandon the claim (back to unclaimed)"), permissions=["change"])
     def abandon_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:

@@ -217,17 +217,14 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             self.message_user(request, _("The task was taken meanwhile: nothing was saved."), messages.ERROR)
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Any], verb: Any, done: str) -> None:
-        ok, errors = 0, []
-        for task in queryset.select_related("tube"):
-            try:
-                verb(task.tube, task)
-                ok += 1
-            except (TaskloopError, ValueError, TypeError, LookupError) as error:
-                errors.append(f"task {task.pk}: {type(error).__name__}: {error}")
-        if ok:
-            self.message_user(request, done % {"n": ok}, messages.SUCCESS)
-        for error in errors:
-            self.message_user(request, error, messages.ERROR)
+        """Apply ``verb(tube, task)`` to every selected task; report successes and refusals."""
+        self.run_each(
+            request,
+            queryset.select_related("tube"),
+            lambda task: verb(task.tube, task),
+            lambda task: f"task {task.pk}",
+            done,
+        )
 
     @admin.action(description=_("Release (taken → ready)"), permissions=["change"])
     def release_tasks(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
