@@ -193,6 +193,13 @@ def _check_task_id(task_id: Any) -> int:
     return task_id
 
 
+def _check_task_ids(task_ids: Any) -> list[int]:
+    """Return one task id (or Task) or an iterable of them as a list without duplicates."""
+    if isinstance(task_ids, (int, Task)):
+        task_ids = [task_ids]
+    return list(dict.fromkeys(_check_task_id(t) for t in task_ids))
+
+
 def _check_consumer(consumer: Any) -> str:
     if consumer is None:
         return default_consumer()
@@ -728,9 +735,7 @@ class Tube(models.Model):
 
     def ack_many(self, task_ids: Iterable[int], consumer: str | None = None) -> int:
         """Finish every task of ``task_ids`` that ``consumer`` holds; return how many."""
-        if isinstance(task_ids, (int, Task)):
-            task_ids = [task_ids]
-        ids = list(dict.fromkeys(_check_task_id(t) for t in task_ids))
+        ids = _check_task_ids(task_ids)
         consumer = _check_consumer(consumer)
         if not ids:
             return 0
@@ -786,9 +791,7 @@ class Tube(models.Model):
 
     def release_many(self, task_ids: Iterable[int], consumer: str | None = None) -> int:
         """Give back (ready, no delay) every task of ``task_ids`` that ``consumer`` holds."""
-        if isinstance(task_ids, (int, Task)):
-            task_ids = [task_ids]
-        ids = list(dict.fromkeys(_check_task_id(t) for t in task_ids))
+        ids = _check_task_ids(task_ids)
         consumer = _check_consumer(consumer)
         if not ids:
             return 0
