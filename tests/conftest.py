@@ -48,6 +48,15 @@ def race(
 
 
 @pytest.fixture
+def boss(client: Any) -> Any:
+    """The test client, logged in as a superuser (the admin tests' operator)."""
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    return client
+
+
+@pytest.fixture
 def vendor() -> str:
     """The vendor of the default database (``sqlite``, ``mysql`` or ``postgresql``)."""
     return connections["default"].vendor

@@ -16,12 +16,6 @@ LIST = "admin:django_taskloop_job_changelist"
 
 
 @pytest.fixture
-def boss(client):
-    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
-    return client
-
-
-@pytest.fixture
 def viewer(client):
     user = User.objects.create_user("viewer", password="pw", is_staff=True)
     for codename in ("view_job", "view_jobboard"):

@@ -15,13 +15,6 @@ URL = "admin:demo_article_changelist"
 
 
 @pytest.fixture
-def boss(client):
-    user = User.objects.create_superuser("boss", "boss@example.com", "pw")
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
 def viewer(client):
     user = User.objects.create_user("viewer", password="pw", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_article"))

@@ -22,12 +22,6 @@ STATS = "admin:testapp_intloop_stats"
 
 
 @pytest.fixture
-def boss(client):
-    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
-    return client
-
-
-@pytest.fixture
 def viewer(client):
     user = User.objects.create_user("viewer", password="pw", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_intloop"))

@@ -21,12 +21,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def boss(client):
-    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
-    return client
-
-
-@pytest.fixture
 def small_cap(monkeypatch):
     monkeypatch.setattr(EstimatedCountPaginator, "exact_limit", 20)
 

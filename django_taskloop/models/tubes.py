@@ -418,6 +418,14 @@ class Tube(models.Model):
             due |= Q(state=TAKEN, owner__in=Consumer.objects.using(self._using).dead().values("name"))
         return due | Q(state__in=[READY, BURIED], ttl_at__lte=engine.DbNow())
 
+    def _existing(self, task_id: int, *, lock: bool) -> Task:
+        """Return the task as it is now; :class:`NotFound` (or the tube's own) if there is none."""
+        task = self._row(task_id, lock=lock)
+        if task is None:
+            self._ensure_exists()
+            raise NotFound(f"task {task_id} not found")
+        return task
+
     def _row(self, task_id: int, *, lock: bool) -> Task | None:
         """Return the task as it is now (due transitions applied), or ``None``."""
         for _ in range(2):
@@ -850,21 +858,14 @@ class Tube(models.Model):
     def peek(self, task_id: int) -> Task:
         """Return the task as it is now; :class:`NotFound` if there is none."""
         task_id = _check_task_id(task_id)
-        task = self._row(task_id, lock=False)
-        if task is None:
-            self._ensure_exists()
-            raise NotFound(f"task {task_id} not found")
-        return task
+        return self._existing(task_id, lock=False)
 
     def bury(self, task_id: int) -> Task:
         """Bury the task (any state, no ownership needed) and return it."""
         task_id = _check_task_id(task_id)
 
         def work() -> Task:
-            task = self._row(task_id, lock=True)
-            if task is None:
-                self._ensure_exists()
-                raise NotFound(f"task {task_id} not found")
+            task = self._existing(task_id, lock=True)
             if task.state == BURIED:
                 return task
             self._tasks().filter(pk=task.pk).update(state=BURIED, owner=None, taken_key=None, event_at=None)
@@ -908,10 +909,7 @@ class Tube(models.Model):
         task_id = _check_task_id(task_id)
 
         def work() -> Task:
-            task = self._row(task_id, lock=True)
-            if task is None:
-                self._ensure_exists()
-                raise NotFound(f"task {task_id} not found")
+            task = self._existing(task_id, lock=True)
             self._tasks().filter(pk=task.pk)._raw_delete(self._using)
             self._count(delete=1, done=1)
             if task.state == TAKEN and self._is_utube:
