@@ -196,6 +196,7 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         "priority_display",
         "owner_display",
         "claim_ends",
+        "attempts",
         "age",
         "last_modified",
         "short_uuid",

@@ -134,6 +134,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         "pri",
         "utube",
         "owner",
+        "attempts",
         "deadline",
         "expires",
         "age",
