@@ -32,9 +32,37 @@ from django.utils.module_loading import autodiscover_modules
 
 from ..validation import check_count, check_seconds
 
-__all__ = ["Handler", "loop", "tube", "board", "autodiscover", "registry", "get_handlers"]
+__all__ = [
+    "Handler",
+    "loop",
+    "tube",
+    "board",
+    "autodiscover",
+    "registry",
+    "get_handlers",
+    "StopNow",
+    "FailedForGood",
+]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+
+
+class StopNow(BaseException):
+    """Raised inside a running handler by the second signal or the end of the grace period.
+
+    A ``BaseException`` so that a handler's ``except Exception`` does not swallow it. Code that
+    catches ``BaseException`` around user code (the Django Tasks backend) must re-raise it: the
+    worker gives the item back.
+    """
+
+
+class FailedForGood(Exception):
+    """Raise from a handler when the item failed and must not be retried.
+
+    The worker settles it as it settles success (the tube task is acknowledged, the job
+    consumed, the loop id marked done), counts it as failed and logs ``__cause__``. The Django
+    Tasks backend raises it after recording a task as FAILED.
+    """
 
 
 @dataclass

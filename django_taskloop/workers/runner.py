@@ -27,7 +27,7 @@ from django.db import DatabaseError, connections
 from ..conf import setting
 from ..exceptions import DatabaseBusy
 from ..reaper import format_report, reap
-from . import Handler, get_handlers
+from . import FailedForGood, Handler, StopNow, get_handlers
 from .drivers import Driver, TubeDriver, make_driver
 
 __all__ = ["Worker", "run_workers"]
@@ -38,13 +38,6 @@ logger = logging.getLogger("django_taskloop.workers")
 REAP_EVERY = 60.0
 #: Database errors in a row after which a worker gives up (its supervisor restarts it).
 MAX_CONSECUTIVE_ERRORS = 10
-
-
-class StopNow(BaseException):
-    """Raised inside a running handler by the second signal or the end of the grace period.
-
-    A ``BaseException`` so that a handler's ``except Exception`` does not swallow it.
-    """
 
 
 @dataclass
@@ -235,6 +228,21 @@ class Worker:
                     driver.call(item)
                 except StopNow:
                     raise
+                except FailedForGood as error:
+                    # Settled like a success (nothing to retry), counted and logged as a failure.
+                    self.in_handler = False
+                    succeeded.append(item)
+                    settled.add(driver.key(item))
+                    failures.append("failed for good")
+                    tally.failed += 1
+                    cause = error.__cause__ or error
+                    logger.warning(
+                        "%s %s %r failed for good: %s",
+                        driver.handler.kind,
+                        driver.handler.name,
+                        driver.key(item),
+                        f"{type(cause).__name__}: {cause}",
+                    )
                 except Exception as error:
                     self.in_handler = False
                     # Finished items stay in flight until the batch's acknowledgement: their
@@ -276,7 +284,7 @@ class Worker:
                 self.inflight.pop(driver, None)
             t3 = time.monotonic()
             tally.batches += 1
-            tally.done += len(succeeded)
+            tally.done += len(succeeded) - sum(1 for f in failures if f == "failed for good")
             tally.given_back += len(left)
             tally.seconds += t3 - t0
             logger.info(
