@@ -156,6 +156,44 @@ def test_eight_processes_claim_every_row_exactly_once():
     connections.close_all()
 
 
+def _review_and_release(worker: str) -> list[int]:
+    """Claim unreviewed tickets 25 at a time, mark them reviewed, release them (issue 12.1)."""
+    from tests.testapp.models import Ticket
+
+    seen: list[int] = []
+    empty = 0
+    while empty < 3:
+        got = Ticket.objects.filter(queue="a").order_by("id").claim(worker, 25, lock_for=600)
+        if not got:
+            empty += 1
+            time.sleep(0.01)
+            continue
+        empty = 0
+        pks = [t.pk for t in got]
+        # "Reviewed": the row leaves the caller's filter, and the lock is given up at once.
+        Ticket.objects.filter(pk__in=pks).update(queue="reviewed")
+        Ticket.objects.filter(pk__in=pks).release(worker)
+        seen.extend(pks)
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("round_", range(3))
+def test_filtered_claim_rechecks_the_filter_under_the_lock(round_):
+    # A rival read the same candidates before this worker reviewed and released them: the
+    # locking read must find that they no longer match the caller's filter (seed 004: the
+    # SELECT … FOR UPDATE SKIP LOCKED carries the whole WHERE), not only that they are free.
+    Ticket.objects.bulk_create([Ticket(rank=i) for i in range(3000)], batch_size=1000)
+    results = race(_review_and_release, [(f"w{i}",) for i in range(8)])
+    everything = [pk for result in results for pk in result]
+    twice = len(everything) - len(set(everything))
+    assert twice == 0, f"{twice} rows were handed out again after they left the filter"
+    assert len(everything) == 3000
+    assert Ticket.objects.filter(queue="reviewed").count() == 3000
+    connections.close_all()
+
+
 def test_claim_candidates_read_an_index_in_order():
     from django.db.models import Q
 

@@ -845,3 +845,36 @@ def test_demo_feed_loop_is_keyed_by_the_feed():
     assert FeedLoop.objects.claim(10) == [b.pk]
     b.delete()
     assert FeedLoop.objects.stats()["min_id"] == a.pk == FeedLoop.objects.stats()["max_id"]
+
+
+def _deactivate_and_unlock(worker: int) -> list[int]:
+    """Claim active things' ids 25 at a time, deactivate the things, unlock the ids (issue 12.1)."""
+    from tests.testapp.models import Thing, ThingLoop
+
+    seen: list[int] = []
+    empty = 0
+    while empty < 3:
+        got = ThingLoop.objects.filter(thing__active=True).claim(25, lock_for=600)
+        if not got:
+            empty += 1
+            time.sleep(0.01)
+            continue
+        empty = 0
+        Thing.objects.filter(pk__in=got).update(active=False)
+        # unlock() keeps the ids first in line: only the caller's filter keeps them out now.
+        ThingLoop.objects.unlock(got)
+        seen.extend(got)
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_filtered_claim_rechecks_the_filter_under_the_lock():
+    things = Thing.objects.bulk_create([Thing(name=f"t{i}") for i in range(2000)], batch_size=1000)
+    ThingLoop.objects.add([t.pk for t in things])
+    results = race(_deactivate_and_unlock, [(w,) for w in range(8)])
+    everything = [pk for result in results for pk in result]
+    twice = len(everything) - len(set(everything))
+    assert twice == 0, f"{twice} ids were claimed again after they left the filter"
+    assert sorted(everything) == sorted(t.pk for t in things)
+    connections.close_all()

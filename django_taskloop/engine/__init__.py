@@ -160,7 +160,11 @@ def claim(
         raise
     if not candidates:
         return []
-    recheck = rows.filter(claimable, pk__in=candidates).order_by(*order_by)
+    # The locking read repeats the caller's whole filter, not only ``claimable``: a rival may
+    # have changed a candidate since step (1) — e.g. reviewed and released it — so that it no
+    # longer belongs to the queryset although its lease is free (seed 004: the
+    # ``SELECT … FOR UPDATE SKIP LOCKED`` carries the whole WHERE).
+    recheck = base.filter(pk__in=candidates)
     claimed = run_in_transaction(model, using, lambda: lock_and_write(recheck), savepoint=False)
     if claimed or len(candidates) < limit * overfetch:
         return claimed
