@@ -110,7 +110,23 @@ def test_burst_drains_a_tube_a_board_and_a_loop():
     # Two processes shared the work, and said what they did.
     assert len(set(WorkLog.objects.values_list("pid", flat=True))) >= 1
     assert "summary w-drain" in done.stderr
-    assert "tube w-drain: 50 claimed, 50 done" in done.stderr
+    assert 'tube "w-drain": 50 claimed, 50 done' in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_verbose_worker_names_each_item_as_it_starts_and_ends():
+    drain_tube = Tube.objects.create_tube("w-drain", "fifottl")
+    ids = [drain_tube.put({"n": n}).id for n in range(3)]
+    quiet = run_workers("--burst", "--only", "w-drain")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "started" not in quiet.stderr
+    ids += [drain_tube.put({"n": n}).id for n in range(3)]
+    loud = run_workers("--burst", "--only", "w-drain", "-v", "2")
+    assert loud.returncode == 0, loud.stderr
+    for task_id in ids[3:]:
+        assert f'task {task_id} of tube "w-drain": started' in loud.stderr
+        assert f'task {task_id} of tube "w-drain": done' in loud.stderr
 
 
 @pytest.mark.slow
@@ -153,8 +169,11 @@ def test_failing_tube_task_is_retried_with_growing_delays_then_buried():
     assert gaps[1] > gaps[0]
     assert failing.peek(task.id).state == "!"
     assert failing.peek(task.id).attempts == 3
-    assert "retry in 0.3s" in output
-    assert "buried after 3 attempts" in output
+    assert (
+        f'task {task.id} of tube "w-fail" failed (attempt 1 of 3), retrying in 0.3 s: RuntimeError: '
+        in output
+    )
+    assert f'task {task.id} of tube "w-fail" failed (attempt 3 of 3), buried: RuntimeError: ' in output
 
 
 @pytest.mark.slow
@@ -184,7 +203,14 @@ def test_failing_job_is_abandoned_then_trashed_and_failing_loop_id_backs_off():
     assert job.attempts == 3
     assert WorkLog.objects.filter(kind="board", key=job.uuid).count() == 3
     assert ends("board")[good.uuid] == 1
-    assert "trashed after 3 attempts" in output
+    # Retried with the tubes' growing delay (issue 12.5), not reclaimed at once.
+    job_tries = list(
+        WorkLog.objects.filter(kind="board", key=job.uuid).order_by("at").values_list("at", flat=True)
+    )
+    assert job_tries[1] - job_tries[0] >= 0.25, job_tries
+    assert job_tries[2] - job_tries[1] >= 0.55, job_tries
+    assert f'job bad ({job.uuid}) of board "w-board" failed (attempt 1 of 3), retrying in 0.3 s' in output
+    assert f'job bad ({job.uuid}) of board "w-board" failed (attempt 3 of 3), trashed: RuntimeError' in output
     # The loop id never gives up, but waits longer each time; the good one ran once.
     tries = list(WorkLog.objects.filter(kind="loop", key="-1").order_by("at").values_list("at", flat=True))
     assert tries[1] - tries[0] >= 0.25
@@ -203,7 +229,7 @@ def test_sigterm_lets_work_in_hand_finish_nothing_lost_nothing_twice():
     try:
         wait_until(lambda: WorkLog.objects.filter(kind="slow", phase="start").exists(), timeout=60)
         worker.send_signal(signal.SIGTERM)
-        output = stop(worker, timeout=30)
+        output = worker.communicate(timeout=30)[0]  # one signal only: stop() would send another
     finally:
         if worker.poll() is None:
             worker.kill()
@@ -236,7 +262,7 @@ def test_second_signal_gives_everything_back_at_once():
         worker.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         worker.send_signal(signal.SIGTERM)
-        output = stop(worker, timeout=30)
+        output = worker.communicate(timeout=30)[0]
     finally:
         if worker.poll() is None:
             worker.kill()
@@ -263,7 +289,7 @@ def test_work_still_running_when_the_grace_period_ends_is_given_back():
         wait_until(lambda: WorkLog.objects.filter(kind="slow", phase="start").exists(), timeout=60)
         started = time.monotonic()
         worker.send_signal(signal.SIGTERM)
-        output = stop(worker, timeout=30)
+        output = worker.communicate(timeout=30)[0]  # one signal only: stop() would send another
     finally:
         if worker.poll() is None:
             worker.kill()

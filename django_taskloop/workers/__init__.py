@@ -42,6 +42,7 @@ __all__ = [
     "get_handlers",
     "StopNow",
     "FailedForGood",
+    "run_interruptibly",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
@@ -63,6 +64,36 @@ class FailedForGood(Exception):
     consumed, the loop id marked done), counts it as failed and logs ``__cause__``. The Django
     Tasks backend raises it after recording a task as FAILED.
     """
+
+
+def run_interruptibly(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call user code that a hard stop may interrupt (with :class:`StopNow`); return its result.
+
+    The worker interrupts only code running *inside* this call: once ``func`` has returned, a
+    hard stop no longer interrupts it, so what finished is settled as finished and never run
+    again (see :func:`inside_user_code`). Drivers call each handler through it; code that runs
+    user code inside a handler of its own (the Django Tasks backend) calls it around that code.
+    """
+    return func(*args, **kwargs)
+
+
+def inside_user_code(frame: Any) -> bool | None:
+    """Tell where a signal found the main thread: ``True`` inside user code, ``False`` outside.
+
+    ``None`` means at the edge, in :func:`run_interruptibly`'s own frame: user code is about
+    to start or has just returned, and which one cannot be told; the worker looks again a
+    moment later. Deciding from the stack rather than from a flag set after the call closes
+    the window in which a handler had returned (its work committed) but the flag still said
+    "running", where a hard stop gave finished work back to be run again.
+    """
+    code = run_interruptibly.__code__
+    if frame is not None and frame.f_code is code:
+        return None
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 @dataclass

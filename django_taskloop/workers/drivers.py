@@ -15,7 +15,7 @@ from typing import Any
 
 from ..conf import setting
 from ..exceptions import NotFound, NotTaken, TaskloopError
-from . import Handler
+from . import Handler, run_interruptibly
 
 logger = logging.getLogger("django_taskloop.workers")
 
@@ -52,14 +52,30 @@ class Driver:
     def key(self, item: Any) -> Any:
         return item
 
+    def describe_queue(self) -> str:
+        """Name what this driver serves, for log lines: ``tube "emails"``."""
+        return f'{self.handler.kind} "{self.handler.name}"'
+
+    def describe(self, item: Any) -> str:
+        """Name one item, for log lines: ``task 10 of tube "emails"``."""
+        return f"{self.noun} {self.key(item)} of {self.describe_queue()}"
+
+    #: What one item is called in log lines.
+    noun = "item"
+
     def call(self, item: Any) -> Any:
-        return self.handler.func(item)
+        # Built-in handlers (the Django Tasks backend) mark the user code inside them
+        # themselves, so that their own bookkeeping is never interrupted half-way.
+        if self.handler.builtin:
+            return self.handler.func(item)
+        return run_interruptibly(self.handler.func, item)
 
     def done(self, items: Sequence[Any]) -> None:
         raise NotImplementedError
 
     def failed(self, item: Any, error: BaseException) -> str:
-        """Deal with a handler failure on ``item``; return what was done (for the log)."""
+        """Deal with a handler failure on ``item``; return what was done, for the log line
+        ``<item> failed <what was done>: <error>``, e.g. ``(attempt 1 of 5), retrying in 1 s``."""
         raise NotImplementedError
 
     def give_back(self, items: Sequence[Any]) -> None:
@@ -85,6 +101,8 @@ class Driver:
 class LoopDriver(Driver):
     """doloop: ``claim(batch)``, ``did`` on success, back off on failure, ``unlock`` to give back."""
 
+    noun = "id"
+
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
         self.model = handler.target
@@ -103,9 +121,10 @@ class LoopDriver(Driver):
         # Loops have no attempt count and never give up on an id (the loop is the list of
         # work), so the id stays locked for a growing delay and then comes back by itself:
         # bump() only ever lowers lock_until, which the claim set to now + lock_for.
-        delay = min(backoff(self._count_failure(item)), self.handler.lease)
+        attempt = self._count_failure(item)
+        delay = min(backoff(attempt), self.handler.lease)
         self.model.objects.bump(item, lock_for=delay, auto_add=False)
-        return f"retry in {delay:g}s"
+        return f"(attempt {attempt}), retrying in {delay:g} s"
 
     def give_back(self, items: Sequence[Any]) -> None:
         if items:
@@ -126,6 +145,8 @@ class LoopDriver(Driver):
 
 class TubeDriver(Driver):
     """Tarantool queue: ``take_many``/``ack_many``, release with delay then bury, ``touch``."""
+
+    noun = "task"
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
@@ -175,15 +196,15 @@ class TubeDriver(Driver):
 
     def failed(self, item: Any, error: BaseException) -> str:
         # The claim counted this take: after MAX_ATTEMPTS takes, wherever they ran, it is buried.
-        attempts = item.attempts
-        if attempts >= int(setting("MAX_ATTEMPTS")):
+        attempts, most = item.attempts, int(setting("MAX_ATTEMPTS"))
+        if attempts >= most:
             # bury needs no ownership; the task keeps its data for kick() after a fix.
             self.tube.bury(item.id)
             self._forget([item.id])
-            return f"buried after {attempts} attempts"
+            return f"(attempt {attempts} of {most}), buried"
         delay = backoff(attempts)
         self.tube.release(item.id, delay=delay, consumer=self.identity)
-        return f"retry in {delay:g}s (attempt {attempts})"
+        return f"(attempt {attempts} of {most}), retrying in {delay:g} s"
 
     def give_back(self, items: Sequence[Any]) -> None:
         # Tasks whose ttr ran out meanwhile, or that someone deleted, are not ours to give:
@@ -216,6 +237,8 @@ class TubeDriver(Driver):
 class BoardDriver(Driver):
     """TaskFlow job boards: ``claim_next``, ``consume``, retry after a delay then ``trash``."""
 
+    noun = "job"
+
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
         self.board: Any = None
@@ -233,6 +256,9 @@ class BoardDriver(Driver):
     def key(self, item: Any) -> Any:
         return item.uuid
 
+    def describe(self, item: Any) -> str:
+        return f"job {item.name} ({item.uuid}) of {self.describe_queue()}"
+
     def done(self, items: Sequence[Any]) -> None:
         for job in items:
             self.board.consume(job, self.identity)
@@ -240,13 +266,18 @@ class BoardDriver(Driver):
 
     def failed(self, item: Any, error: BaseException) -> str:
         # The claim counted this one: after MAX_ATTEMPTS claims, wherever they ran, it is trashed.
-        attempts = item.attempts
-        if attempts >= int(setting("MAX_ATTEMPTS")):
+        attempts, most = item.attempts, int(setting("MAX_ATTEMPTS"))
+        if attempts >= most:
             self.board.trash(item, self.identity)
             self._forget([item.uuid])
-            return f"trashed after {attempts} attempts"
-        self.board.abandon(item, self.identity)
-        return f"abandoned (attempt {attempts})"
+            return f"(attempt {attempts} of {most}), trashed"
+        # TaskFlow has no "not before" on a job: the retry delay is the claim itself, cut
+        # short to the backoff. The job comes back (to any worker) when that claim expires,
+        # as loop ids do after a failure; abandon() would hand it out again at once.
+        delay = backoff(attempts)
+        if not item.extend_expiry(delay):
+            return f"(attempt {attempts} of {most}), claim already lost: it is free again"
+        return f"(attempt {attempts} of {most}), retrying in {delay:g} s"
 
     def give_back(self, items: Sequence[Any]) -> None:
         for job in items:

@@ -27,7 +27,7 @@ from django.db import DatabaseError, connections
 from ..conf import setting
 from ..exceptions import DatabaseBusy
 from ..reaper import format_report, reap
-from . import FailedForGood, Handler, StopNow, get_handlers
+from . import FailedForGood, Handler, StopNow, get_handlers, inside_user_code
 from .drivers import Driver, TubeDriver, make_driver
 
 __all__ = ["Worker", "run_workers"]
@@ -68,7 +68,6 @@ class Worker:
         self.tallies = {driver.handler.name: Tally() for driver in self.drivers}
         self.stopping = False
         self.aborting = False
-        self.in_handler = False
         self.wake = threading.Event()
         # Items claimed and not yet finished, by driver: what the heartbeat renews and what a
         # stop gives back.
@@ -101,23 +100,31 @@ class Worker:
             )
             signal.setitimer(signal.ITIMER_REAL, max(grace, 0.001))
             return
-        logger.warning(
-            "worker %s: second %s, giving everything back now", self.identity, signal.Signals(signum).name
-        )
-        self._abort()
+        if not self.aborting:
+            logger.warning(
+                "worker %s: second %s, giving everything back now", self.identity, signal.Signals(signum).name
+            )
+        self._abort(frame)
 
     def _on_alarm(self, signum: int, frame: Any) -> None:
         if self.stopping:
-            logger.warning("worker %s: grace period over, giving back what is left", self.identity)
-            self._abort()
+            if not self.aborting:
+                logger.warning("worker %s: grace period over, giving back what is left", self.identity)
+            self._abort(frame)
 
-    def _abort(self) -> None:
+    def _abort(self, frame: Any) -> None:
         self.aborting = True
         self.wake.set()
-        # Interrupt only the user's code: an exception raised in the middle of a database
-        # call could leave the connection in a state nobody can clean up.
-        if self.in_handler:
+        # Interrupt only the user's code: an exception raised in the middle of our own
+        # database calls could leave the connection in a state nobody can clean up, and one
+        # raised just after a handler returned would give back work that is finished.
+        where = inside_user_code(frame)
+        if where:
             raise StopNow
+        if where is None:
+            # At the edge of a handler call: look again in a moment, when it has either
+            # started (interrupt it) or returned (settle it as finished).
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
 
     # The loop ----------------------------------------------------------------------------
 
@@ -215,85 +222,79 @@ class Worker:
         t1 = time.monotonic()
         with self.inflight_lock:
             self.inflight[driver] = list(items)
-        succeeded: list[Any] = []
+        finished: list[Any] = []  # returned, or failed for good: settled as done
         settled: set[Any] = set()
-        failed_keys: set[Any] = set()
-        failures: list[str] = []
+        done = failed = 0
+        trace = logger.isEnabledFor(logging.DEBUG)
         try:
             for item in items:
                 if self.aborting:
                     break
-                self.in_handler = True
+                if trace:
+                    logger.debug("%s: started", driver.describe(item))
                 try:
                     driver.call(item)
                 except StopNow:
                     raise
                 except FailedForGood as error:
-                    # Settled like a success (nothing to retry), counted and logged as a failure.
-                    self.in_handler = False
-                    succeeded.append(item)
+                    # Nothing to retry (the Django Tasks backend recorded it as FAILED): settled
+                    # like a success, counted and logged as a failure.
+                    finished.append(item)
                     settled.add(driver.key(item))
-                    failures.append("failed for good")
-                    tally.failed += 1
+                    failed += 1
                     cause = error.__cause__ or error
-                    logger.warning(
-                        "%s %s %r failed for good: %s",
-                        driver.handler.kind,
-                        driver.handler.name,
-                        driver.key(item),
-                        f"{type(cause).__name__}: {cause}",
-                    )
+                    logger.warning("%s failed: %s: %s", driver.describe(item), type(cause).__name__, cause)
                 except Exception as error:
-                    self.in_handler = False
                     # Finished items stay in flight until the batch's acknowledgement: their
                     # leases must not lapse meanwhile. A failed item leaves first, so that no
                     # heartbeat renews the lease that its retry delay is about to shorten.
-                    failed_keys.add(driver.key(item))
+                    key = driver.key(item)
                     with self.inflight_lock:
-                        self.inflight[driver] = [i for i in items if driver.key(i) not in failed_keys]
+                        self.inflight[driver] = [i for i in self.inflight[driver] if driver.key(i) != key]
                     outcome = driver.failed(item, error)
-                    settled.add(driver.key(item))
-                    failures.append(outcome)
-                    tally.failed += 1
+                    settled.add(key)
+                    failed += 1
                     logger.warning(
-                        "%s %s %r failed (%s): %s",
-                        driver.handler.kind,
-                        driver.handler.name,
-                        driver.key(item),
+                        "%s failed %s: %s: %s",
+                        driver.describe(item),
                         outcome,
-                        f"{type(error).__name__}: {error}",
-                        exc_info=logger.isEnabledFor(logging.DEBUG),
+                        type(error).__name__,
+                        error,
+                        exc_info=trace,
                     )
                 else:
-                    succeeded.append(item)
+                    finished.append(item)
                     settled.add(driver.key(item))
-                finally:
-                    self.in_handler = False
+                    done += 1
+                    if trace:
+                        logger.debug("%s: done", driver.describe(item))
         except StopNow:
             pass
         finally:
-            self.in_handler = False
             t2 = time.monotonic()
             # Acknowledge what finished even when stopping: nothing done is run twice.
-            if succeeded:
-                driver.done(succeeded)
+            if finished:
+                driver.done(finished)
             left = [item for item in items if driver.key(item) not in settled]
             if left:
                 driver.give_back(left)
+                if trace:
+                    for item in left:
+                        logger.debug("%s: given back", driver.describe(item))
             with self.inflight_lock:
                 self.inflight.pop(driver, None)
             t3 = time.monotonic()
             tally.batches += 1
-            tally.done += len(succeeded) - sum(1 for f in failures if f == "failed for good")
+            tally.done += done
+            tally.failed += failed
             tally.given_back += len(left)
             tally.seconds += t3 - t0
             logger.info(
-                "%s %s: %d claimed, %d done, %d failed, %d given back; claim %.1f ms, run %.1f ms, settle %.1f ms",
-                driver.handler.kind,
-                driver.handler.name,
+                "%s: %d claimed, %d done, %d failed, %d given back; claim %.1f ms, run %.1f ms, settle %.1f ms",
+                driver.describe_queue(),
                 len(items),
-                len(succeeded),
-                len(failures),
+                done,
+                failed,
                 len(left),
                 (t1 - t0) * 1000,
                 (t2 - t1) * 1000,
@@ -354,14 +355,20 @@ class Worker:
             )
 
 
+#: The signals that stop workers; the supervisor blocks them while it starts a child.
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
 def _child(names: list[str], burst: bool) -> None:
     # Own process group: a Ctrl-C in the terminal reaches the supervisor alone, which passes
     # it on once; otherwise every child would see it twice and stop at once.
     os.setpgrp()
-    # Forget the supervisor's signal handlers at once: a SIGTERM before the Worker installs
-    # its own must stop this child (it holds nothing yet), not run the parent's handler here.
+    # Forget the supervisor's signal handlers, then take the stop signals that the supervisor
+    # blocked while forking: a SIGTERM before the Worker installs its own must stop this child
+    # (it holds nothing yet), not run the parent's handler here.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     connections.close_all()
     handlers = get_handlers(names)
     sys.exit(Worker(handlers, burst=burst, supervised=True).run())
@@ -386,67 +393,115 @@ def run_workers(only: Sequence[str] | None = None, *, processes: int = 1, burst:
     )
     if processes == 1:
         return Worker(handlers, burst=burst).run()
-    # Create tubes and boards once, here, rather than racing to create them in every child.
-    for handler in handlers:
-        make_driver(handler, "supervisor").prepare()
-    return Supervisor([h.name for h in handlers], processes, burst).run()
+    return Supervisor(handlers, processes, burst).run()
 
 
 class Supervisor:
-    """Keep ``processes`` worker processes running; restart the ones that die."""
+    """Keep ``processes`` worker processes running; restart the ones that die.
 
-    def __init__(self, names: list[str], processes: int, burst: bool) -> None:
-        self.names = names
+    After the first stop signal no child is started again, every live child gets each
+    signal, and the supervisor exits once they all have (status 0 unless a child failed by
+    itself); a child that outlives its grace period by far is stopped hard.
+    """
+
+    #: Seconds past the grace period after which children still running get a second signal
+    #: (stop now), and as long again after which they are killed.
+    OVERDUE = 10.0
+
+    def __init__(self, handlers: Sequence[Handler], processes: int, burst: bool) -> None:
+        self.handlers = list(handlers)
+        self.names = [h.name for h in handlers]
         self.processes = processes
         self.burst = burst
-        self.signals = 0
+        self.signals: list[int] = []
+        self.stopped_at: float | None = None
         self.context = multiprocessing.get_context("fork")
         self.children: dict[int, Any] = {}
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.signals += 1
+        self.signals.append(signum)
+        if self.stopped_at is None:
+            self.stopped_at = time.monotonic()
+        self._tell_children(signum)
+
+    def _tell_children(self, signum: int) -> None:
         for process in list(self.children.values()):
-            if process.pid and process.is_alive():
+            if process.pid and process.exitcode is None:
                 try:
                     os.kill(process.pid, signum)
                 except ProcessLookupError:
                     pass
 
     def _start(self, slot: int) -> None:
-        # Children must not share the parent's database connections.
-        connections.close_all()
-        process = self.context.Process(
-            target=_child, args=(self.names, self.burst), name=f"taskloop-worker-{slot}"
-        )
-        process.start()
-        self.children[slot] = process
+        """Start a child in ``slot`` unless a stop has come; never lose a signal meanwhile.
+
+        Stop signals are blocked from the check to the child's registration, so a signal
+        that arrives in between is handled once the child is in ``self.children`` (and is
+        passed on to it); the child unblocks them itself after resetting its handlers.
+        """
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            if self.signals:
+                return
+            # Children must not share the parent's database connections.
+            connections.close_all()
+            process = self.context.Process(
+                target=_child, args=(self.names, self.burst), name=f"taskloop-worker-{slot}"
+            )
+            process.start()
+            self.children[slot] = process
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        # Create tubes and boards once, here, rather than racing to create them in every child.
+        for handler in self.handlers:
+            if not self.signals:
+                make_driver(handler, "supervisor").prepare()
         for slot in range(self.processes):
             self._start(slot)
         status = 0
         restarts: dict[int, float] = {}
+        escalated = 0
+        grace = float(setting("GRACE_PERIOD"))
         while self.children:
-            wait_for_sentinels([p.sentinel for p in self.children.values()], timeout=1.0)
+            wait_for_sentinels([p.sentinel for p in self.children.values()], timeout=0.5)
+            if self.stopped_at is not None:
+                overdue = time.monotonic() - self.stopped_at - grace
+                if escalated == 0 and overdue > self.OVERDUE:
+                    logger.warning(
+                        "worker processes still running %gs after the grace period: stop now", overdue
+                    )
+                    escalated = 1
+                    self._tell_children(signal.SIGTERM)
+                elif escalated == 1 and overdue > 2 * self.OVERDUE:
+                    logger.error("worker processes still running: killing them")
+                    escalated = 2
+                    self._tell_children(signal.SIGKILL)
             for slot, process in list(self.children.items()):
-                if process.is_alive():
+                if process.exitcode is None:
                     continue
                 process.join()
                 code = process.exitcode
                 del self.children[slot]
                 if self.signals or (self.burst and code == 0):
-                    if code:
+                    # A child killed by a signal (the stop itself, or kill -9 just before it)
+                    # is no failure of the command; one that exited with an error is.
+                    if code > 0:
                         status = 1
                     continue
                 logger.error(
                     "worker process %s (pid %s) died with status %s; restarting it", slot, process.pid, code
                 )
-                # A child that dies at once again and again would spin: slow the restarts down.
+                # A child that dies at once again and again would spin: slow the restarts
+                # down (a stop meanwhile cuts the wait short and cancels the restart).
                 last = restarts.get(slot, 0.0)
                 if time.monotonic() - last < 1.0:
-                    time.sleep(1.0)
+                    deadline = time.monotonic() + 1.0
+                    while not self.signals and time.monotonic() < deadline:
+                        time.sleep(0.05)
                 restarts[slot] = time.monotonic()
                 self._start(slot)
         logger.info("all worker processes stopped")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any
@@ -57,3 +58,12 @@ def visit_slowly(item_id: int) -> None:
     log("loop-slow", item_id, "start")
     time.sleep(2.5)
     log("loop-slow", item_id)
+
+
+# The graceful-stop test (issue 12.3): the handler *is* a builtin (print to a file opened with
+# O_APPEND), so no Python line of user code runs after its side effect; a stop that reaches the
+# worker while it prints is handled just after the handler returned.
+_record_file = open(os.environ.get("TASKLOOP_TEST_RECORD") or os.devnull, "a")  # noqa: SIM115
+record = loop(WorkerLoop, batch=3000, lock_for=60, name="w-loop-record")(
+    functools.partial(print, file=_record_file, flush=True)
+)

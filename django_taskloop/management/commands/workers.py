@@ -36,7 +36,12 @@ class Command(BaseCommand):
             handler = logging.StreamHandler(sys.stderr)
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
             log.addHandler(handler)
-            log.setLevel(logging.INFO if options["verbosity"] < 2 else logging.DEBUG)
+            log.setLevel(logging.INFO)
+        if options["verbosity"] >= 2:
+            # -v 2 names every item as it starts and ends, with the traceback of each failure.
+            log.setLevel(logging.DEBUG)
+            for handler in log.handlers:
+                handler.setLevel(logging.DEBUG)
         try:
             status = run_workers(only, processes=processes, burst=burst)
         except ValueError as error:
