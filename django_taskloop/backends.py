@@ -17,13 +17,14 @@ import socket
 from traceback import format_exception
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 from django.utils.module_loading import import_string
 
 try:  # Django 6.0+
     from django.tasks import TaskResult, TaskResultStatus, task_backends
     from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import TaskContext, TaskError
+    from django.tasks.base import Task, TaskContext, TaskError
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
@@ -31,7 +32,7 @@ except ImportError:  # Django 5.2 with the django-tasks backport
     try:
         from django_tasks import TaskResult, TaskResultStatus, task_backends  # type: ignore[no-redef]
         from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
-        from django_tasks.base import TaskContext, TaskError  # type: ignore[no-redef]
+        from django_tasks.base import Task, TaskContext, TaskError  # type: ignore[no-redef]
         from django_tasks.exceptions import InvalidTaskError as InvalidTask  # type: ignore[no-redef]
         from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
         from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
@@ -65,6 +66,32 @@ if BaseTaskBackend is not None:
         supports_get_result = True
         supports_priority = True
 
+        def _refuse_if_not_installed(self) -> None:
+            # Django 6 runs backend checks only once django.tasks is imported: fail clearly at
+            # use too, rather than deep inside a query on a table that does not exist.
+            if (error := self._not_installed()) is not None:
+                raise ImproperlyConfigured(f"{error.msg} {error.hint}")
+
+        def _not_installed(self) -> Any:
+            from django.apps import apps
+            from django.core import checks
+
+            if apps.is_installed("django_taskloop"):
+                return None
+            return checks.Error(
+                f"TASKS[{self.alias!r}] uses TaskloopBackend, but 'django_taskloop' is not in "
+                "INSTALLED_APPS.",
+                hint="Add 'django_taskloop' to INSTALLED_APPS and run migrate: the backend keeps "
+                "its tasks and results in django_taskloop's tables.",
+                id="taskloop.E003",
+            )
+
+        def check(self, **kwargs: Any) -> Any:
+            """taskloop.E003: the backend's models and workers need ``django_taskloop`` installed."""
+            yield from super().check(**kwargs)
+            if (error := self._not_installed()) is not None:
+                yield error
+
         def validate_task(self, task: Any) -> None:
             super().validate_task(task)
             # The queue name becomes part of a tube name: check it here, at definition time.
@@ -80,6 +107,7 @@ if BaseTaskBackend is not None:
             from . import engine
             from .models import TaskRecord, Tube
 
+            self._refuse_if_not_installed()
             self.validate_task(task)
             using = router.db_for_write(TaskRecord)
             record = TaskRecord(
@@ -118,10 +146,17 @@ if BaseTaskBackend is not None:
 
         def _to_result(self, record: Any, task: Any = None) -> Any:
             if task is None:
-                task = import_string(record.task_path)
-                task = task.using(priority=record.priority, queue_name=record.queue_name, backend=self.alias)
-                if record.run_after is not None:
-                    task = task.using(run_after=record.run_after)
+                try:
+                    task = self._stored_task(record)
+                except (ImportError, TypeError):
+                    # The code changed since the task was enqueued: the result still reads,
+                    # with a stand-in that refuses to run.
+                    task = Task(
+                        func=_missing,
+                        priority=record.priority,
+                        queue_name=record.queue_name,
+                        backend=self.alias,
+                    )
             result = TaskResult(
                 task=task,
                 id=record.id,
@@ -140,9 +175,19 @@ if BaseTaskBackend is not None:
             return result
 
         def execute(self, result_id: str, worker_id: str) -> None:
-            """Run the task ``result_id`` and record how it ended (called by the worker)."""
+            """Run the task ``result_id`` and record how it ended (called by the worker).
+
+            Whatever the task raises — ``SystemExit`` and ``KeyboardInterrupt`` included — ends
+            it FAILED with that exception's class and traceback, and the worker carries on;
+            so does a stored path that no longer names a Task (the callable is never called).
+            Only a hard stop of the worker interrupts it: then it is READY again and its tube
+            task goes back to run later (Django Tasks have no retry of their own, so FAILED
+            would lose work that merely met a deploy). Raises :class:`FailedForGood` after
+            recording a failure, so that the worker counts it as failed, not done.
+            """
             from . import engine
             from .models import TaskRecord, TaskRecordStatus
+            from .workers import FailedForGood, StopNow, run_interruptibly
 
             using = router.db_for_write(TaskRecord)
             manager = TaskRecord.objects.db_manager(using)
@@ -163,20 +208,53 @@ if BaseTaskBackend is not None:
             record = engine.run_in_transaction(TaskRecord, using, start)
             if record is None:
                 return
-            result = self._to_result(record)
-            task_started.send(type(self), task_result=result)
-            errors = list(record.errors)
             try:
-                if result.task.takes_context:
-                    value = result.task.call(TaskContext(task_result=result), *record.args, **record.kwargs)
+                task = self._stored_task(record)
+            except (ImportError, TypeError) as error:
+                # The path no longer names a Task: nothing can run, and nothing will later.
+                self._finish(manager, record, TaskRecordStatus.FAILED, None, error)
+                raise FailedForGood(f"task {record.id}: {record.task_path} is not a Task") from error
+            result = self._to_result(record, task)
+            task_started.send(type(self), task_result=result)
+            try:
+                if task.takes_context:
+                    value = run_interruptibly(
+                        task.call, TaskContext(task_result=result), *record.args, **record.kwargs
+                    )
                 else:
-                    value = result.task.call(*record.args, **record.kwargs)
+                    value = run_interruptibly(task.call, *record.args, **record.kwargs)
                 value = normalize_json(value)
-                status = TaskRecordStatus.SUCCESSFUL
-            except Exception as error:
-                # Django Tasks do not retry: a failure is the task's final state.
-                value = None
-                status = TaskRecordStatus.FAILED
+            except StopNow:
+                # A hard stop of the worker: the task runs again (its tube task is given back).
+                manager.filter(pk=result_id, status=TaskRecordStatus.RUNNING).update(
+                    status=TaskRecordStatus.READY
+                )
+                raise
+            except BaseException as error:  # SystemExit and KeyboardInterrupt end the task too
+                # task_finished is sent inside the except block: its receivers log with
+                # logger.exception(), which needs the exception being handled.
+                self._finish(manager, record, TaskRecordStatus.FAILED, None, error)
+                raise FailedForGood(f"task {record.id} ({record.task_path}) failed") from error
+            self._finish(manager, record, TaskRecordStatus.SUCCESSFUL, value, None)
+
+        def _stored_task(self, record: Any) -> Any:
+            """Return the Task that ``record`` names (ImportError, or TypeError if not a Task)."""
+            task = import_string(record.task_path)
+            if not isinstance(task, Task):
+                raise TypeError(f"{record.task_path} is a {type(task).__name__}, not a Task")
+            task = task.using(priority=record.priority, queue_name=record.queue_name, backend=self.alias)
+            if record.run_after is not None:
+                task = task.using(run_after=record.run_after)
+            return task
+
+        def _finish(
+            self, manager: Any, record: Any, status: str, value: Any, error: BaseException | None
+        ) -> None:
+            """Record how the task ended and send ``task_finished``."""
+            from . import engine
+
+            errors = list(record.errors)
+            if error is not None:
                 kind = type(error)
                 errors.append(
                     {
@@ -184,11 +262,15 @@ if BaseTaskBackend is not None:
                         "traceback": "".join(format_exception(error)),
                     }
                 )
-            manager.filter(pk=result_id).update(
+            manager.filter(pk=record.pk).update(
                 status=status, return_value=value, errors=errors, finished_at=engine.DbNow()
             )
             record.refresh_from_db()
             task_finished.send(type(self), task_result=self._to_result(record))
+
+    def _missing(*args: Any, **kwargs: Any) -> None:
+        """Stand-in for a stored task path that no longer imports (see ``_to_result``)."""
+        raise TypeError("the stored task path no longer names a Task")
 
 else:  # pragma: no cover - neither django.tasks nor the backport is installed
     TaskloopBackend = None  # type: ignore[assignment,misc]

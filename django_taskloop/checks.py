@@ -36,3 +36,32 @@ def check_skip_locked(databases: Any = None, **kwargs: Any) -> list[checks.Check
                 )
             )
     return errors
+
+
+@checks.register()
+def check_tasks_framework(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """taskloop.E004: ``TASKS`` names TaskloopBackend but no Tasks framework can be imported."""
+    from django.conf import settings
+
+    from . import backends
+
+    if backends.TaskloopBackend is not None:
+        return []
+    named = [
+        alias
+        for alias, options in (getattr(settings, "TASKS", None) or {}).items()
+        if isinstance(options, dict) and options.get("BACKEND") == "django_taskloop.backends.TaskloopBackend"
+    ]
+    if not named:
+        return []
+    return [
+        checks.Error(
+            f"TASKS[{alias!r}] names django_taskloop.backends.TaskloopBackend, but neither "
+            "django.tasks (Django 6+) nor the django-tasks backport can be imported, so the "
+            "setting has no effect.",
+            hint="On Django 5.2 install the backport: pip install 'django-taskloop[tasks]' "
+            "(and add 'django_tasks' to INSTALLED_APPS).",
+            id="taskloop.E004",
+        )
+        for alias in named
+    ]

@@ -114,3 +114,26 @@ def explode(message: str) -> None:
 @task(takes_context=True)
 def attempt_of(context: Any) -> dict[str, Any]:
     return {"attempt": context.attempt, "id": context.task_result.id}
+
+
+@task()
+def exit_now(code: int) -> None:
+    raise SystemExit(code)
+
+
+@task()
+def interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+@task()
+def nap(seconds: float) -> str:
+    time.sleep(seconds)
+    return "rested"
+
+
+def not_a_task() -> None:
+    """A plain function: a stored task path naming it must never call it."""
+    from tests.testapp.models import WorkLog
+
+    WorkLog.objects.create(kind="not-a-task", key="called", pid=os.getpid(), at=time.time())
