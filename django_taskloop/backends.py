@@ -95,10 +95,10 @@ if BaseTaskBackend is not None:
         def validate_task(self, task: Any) -> None:
             super().validate_task(task)
             # The queue name becomes part of a tube name: check it here, at definition time.
-            from .workers import _check_name
+            from .validation import check_name
 
             try:
-                _check_name(tube_name(task.queue_name), "queue_name")
+                check_name(tube_name(task.queue_name), "queue_name")
             except ValueError as error:
                 raise InvalidTask(str(error)) from None
 

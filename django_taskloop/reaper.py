@@ -70,14 +70,25 @@ def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
         if forgotten:
             report["tubes"].setdefault("(consumers)", {})["dead_forgotten"] = forgotten
 
-    for alias in _aliases(TaskRecord, using):
-        retention = float(setting("RESULT_RETENTION"))
-        old = TaskRecord.objects.db_manager(alias).filter(
-            status__in=[TaskRecordStatus.SUCCESSFUL, TaskRecordStatus.FAILED],
-            finished_at__lte=engine.DbNow(-retention),
-        )
-        report["results"]["django-tasks"] = {"pruned": old.delete()[0]}
+    if _uses_tasks_backend():
+        for alias in _aliases(TaskRecord, using):
+            retention = float(setting("RESULT_RETENTION"))
+            old = TaskRecord.objects.db_manager(alias).filter(
+                status__in=[TaskRecordStatus.SUCCESSFUL, TaskRecordStatus.FAILED],
+                finished_at__lte=engine.DbNow(-retention),
+            )
+            report["results"]["django-tasks"] = {"pruned": old.delete()[0]}
     return report
+
+
+def _uses_tasks_backend() -> bool:
+    """Say whether ``TASKS`` names the Django Tasks backend (else there are no results to prune)."""
+    from django.conf import settings
+
+    return any(
+        isinstance(options, dict) and options.get("BACKEND") == "django_taskloop.backends.TaskloopBackend"
+        for options in (getattr(settings, "TASKS", None) or {}).values()
+    )
 
 
 def format_report(report: dict[str, dict[str, dict[str, int]]]) -> list[str]:

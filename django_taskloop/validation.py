@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -41,6 +42,23 @@ def check_seconds(
     if abs(value) > MAX_SECONDS:
         raise ValueError(f"{name} must be at most {MAX_SECONDS} seconds in size, not {value!r}")
     return float(value)
+
+
+#: The names of tubes, boards, handlers and Django Tasks queues.
+NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,100}\Z", re.ASCII)
+
+
+def check_name(value: Any, name: str = "name") -> str:
+    """Return ``value`` if it is a valid tube, board or handler name; else raise, naming ``name``.
+
+    One wording for every kind of name, so that a tube and a board refuse the same mistake
+    with the same sentence.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if not NAME_RE.match(value):
+        raise ValueError(f"{name} must be 1-100 ASCII letters, digits, '_', '-' or '.', not {value!r}")
+    return value
 
 
 def check_count(value: Any, name: str, *, minimum: int = 0, maximum: int | None = None) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 import time
 import uuid as uuid_module
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from .. import engine
 from ..conf import setting
 from ..exceptions import JobFailure, NotFound, TaskloopError, UnclaimableJob
 from ..signals import job_posted, job_removed
-from ..validation import check_bool, check_json, check_owner, check_seconds, check_text
+from ..validation import check_bool, check_json, check_name, check_owner, check_seconds, check_text
 
 __all__ = [
     "JobPriority",
@@ -60,7 +59,6 @@ DOES_NOT_EXPIRE = -1
 #: ``Job.expires_in()`` of a job with no live claim (unclaimed, expired, consumed, trashed).
 KEY_NOT_FOUND = -2
 
-_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,100}\Z", re.ASCII)
 _OWNER_LENGTH = 255
 _JOB_NAME_LENGTH = 255
 _KIND_LENGTH = 100
@@ -140,16 +138,6 @@ class PriorityField(models.PositiveSmallIntegerField):
         return JobPriority.convert(value).rank
 
 
-def _check_name(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
-    if not _NAME_RE.match(value):
-        raise ValueError(
-            f"{name} must be 1-100 characters of letters, digits, '_', '-' and '.'; not {value!r}"
-        )
-    return value
-
-
 def _check_timeout(value: Any) -> float | None:
     # None waits forever; a negative finite timeout is 0 (SPEC §6).
     timeout = check_seconds(value, "timeout", allow_none=True)
@@ -217,7 +205,7 @@ class JobBoardQuerySet(models.QuerySet):
         An existing name raises ``ValueError``, unless ``if_not_exists`` is true: then the
         existing board is returned.
         """
-        name = _check_name(name, "name")
+        name = check_name(name)
         if_not_exists = check_bool(if_not_exists, "if_not_exists")
         using = self.db
 
@@ -250,7 +238,7 @@ class JobBoard(models.Model):
 
     name = models.CharField(
         max_length=100,
-        # A pattern string, not _NAME_RE: migrations cannot serialise a regex compiled with re.ASCII.
+        # A pattern string, not validation.NAME_RE: migrations cannot serialise a regex compiled with re.ASCII.
         validators=[
             RegexValidator(r"\A[A-Za-z0-9_.\-]{1,100}\Z", "Use 1-100 letters, digits, '_', '-' or '.'.")
         ],

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import re
 import socket
 import threading
 import time
@@ -39,6 +38,7 @@ from ..validation import (
     check_bool,
     check_count,
     check_json,
+    check_name,
     check_owner,
     check_seconds,
     check_text,
@@ -61,7 +61,6 @@ _COLUMN = {name: ("deleted" if name == "delete" else name) for name in CALLS}
 #: rarely wait for each other's counter row, while statistics() sums only a few rows.
 SLOTS = 16
 
-_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}\Z", re.ASCII)
 
 # How often one process re-checks for dead consumers on its own takes (seconds); peek,
 # statistics, drop and the reaper always check.
@@ -162,14 +161,6 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 # -- validation helpers --------------------------------------------------------------------
 
 
-def _check_name(name: Any) -> str:
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a str, not {type(name).__name__}")
-    if not _NAME.match(name):
-        raise ValueError(f"name must be 1-100 ASCII letters, digits, '_', '-' or '.', not {name!r}")
-    return name
-
-
 def _check_pri(value: Any, name: str = "pri", allow_none: bool = True) -> int | None:
     if value is None and allow_none:
         return None
@@ -240,7 +231,7 @@ class TubeManager(models.Manager["Tube"]):
         existing tube has the same type (then it is returned). ``ttl``, ``ttr`` and ``pri``
         are the defaults of the tube's tasks (ignored by fifo and utube, but type-checked).
         """
-        name = _check_name(name)
+        name = check_name(name)
         if not isinstance(type, str):
             raise TypeError(f"type must be a str, not {builtins_type(type).__name__}")
         if type not in TUBE_TYPES:

@@ -23,14 +23,13 @@ tube tasks are buried and jobs trashed after ``TASKLOOP["MAX_ATTEMPTS"]`` attemp
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.utils.module_loading import autodiscover_modules
 
-from ..validation import check_count, check_seconds
+from ..validation import check_count, check_name, check_seconds
 
 __all__ = [
     "Handler",
@@ -44,8 +43,6 @@ __all__ = [
     "FailedForGood",
     "run_interruptibly",
 ]
-
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 
 
 class StopNow(BaseException):
@@ -137,14 +134,6 @@ def _register(handler: Handler) -> Handler:
     return handler
 
 
-def _check_name(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
-    if not _NAME.match(value):
-        raise ValueError(f"{name} must be 1-100 letters, digits, '_', '-' or '.', not {value!r}")
-    return value
-
-
 def loop(
     model: Any,
     *,
@@ -165,7 +154,7 @@ def loop(
     batch = check_count(batch, "batch", minimum=1)
     lock_for = check_seconds(lock_for, "lock_for", positive=True)
     min_loop_time = check_seconds(min_loop_time, "min_loop_time", non_negative=True)
-    label = _check_name(name, "name") if name is not None else model._meta.label_lower
+    label = check_name(name, "name") if name is not None else model._meta.label_lower
 
     def decorate(func: Callable[[Any], Any]) -> Handler:
         return _register(
@@ -190,7 +179,7 @@ def tube(
     task wait before its retry. While the handler runs, the worker touches the task so that its
     ttr does not run out (ttl types) and beats as the task's consumer.
     """
-    name = _check_name(name, "name")
+    name = check_name(name, "name")
     batch = check_count(batch, "batch", minimum=1)
     if type not in ("fifo", "fifottl", "utube", "utubettl"):
         raise ValueError(f"type must be 'fifo', 'fifottl', 'utube' or 'utubettl', not {type!r}")
@@ -216,7 +205,7 @@ def board(name: str, *, expiry: float = 600) -> Callable[[Callable[[Any], Any]],
     Each claim expires after ``expiry`` seconds unless renewed; the worker renews it while the
     handler runs. The board is created when the worker starts if it does not exist.
     """
-    name = _check_name(name, "name")
+    name = check_name(name, "name")
     expiry = check_seconds(expiry, "expiry", positive=True)
 
     def decorate(func: Callable[[Any], Any]) -> Handler:
@@ -240,7 +229,11 @@ def get_handlers(only: Iterable[str] | None = None) -> list[Handler]:
     for handler in task_handlers():
         handlers.setdefault(handler.name, handler)
     if only:
-        wanted = list(dict.fromkeys(only))
+        # A loop is named by its model label, which Django spells in any case (news.FeedLoop).
+        loops = {name.lower(): name for name, handler in handlers.items() if handler.kind == "loop"}
+        wanted = list(
+            dict.fromkeys(name if name in handlers else loops.get(name.lower(), name) for name in only)
+        )
         unknown = [name for name in wanted if name not in handlers]
         if unknown:
             raise ValueError(f"unknown handler(s) {unknown}; known: {sorted(handlers)}")

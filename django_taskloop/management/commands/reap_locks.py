@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 
 from django_taskloop.reaper import format_report, reap
 
@@ -25,6 +26,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, every: float | None, database: str | None, **options: Any) -> None:
         if every is not None and not every > 0:
             raise CommandError("--every must be a positive number of seconds")
+        if database is not None and database not in connections:
+            raise CommandError(
+                f"--database {database!r} is not a database alias; known: {', '.join(connections)}"
+            )
         try:
             while True:
                 started = time.monotonic()
