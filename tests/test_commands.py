@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -48,3 +49,48 @@ def test_board_and_tube_names_are_refused_in_one_wording():
     expected = "name must be 1-100 ASCII letters, digits, '_', '-' or '.', not 'bad name'"
     assert str(tube_error.value) == str(board_error.value) == expected
     assert not Tube.objects.exists() and not JobBoard.objects.exists()
+
+
+def test_a_tube_created_with_other_options_than_asked_says_so(caplog):
+    # A worker's @tube("emails") created it first with the defaults; the code then asks for ttr=60.
+    Tube.objects.create_tube("emails", "fifottl")
+    with caplog.at_level(logging.WARNING, logger="django_taskloop.tubes"):
+        tube = Tube.objects.create_tube("emails", "fifottl", if_not_exists=True, ttr=60)
+    assert tube.ttr is None  # the stored tube wins
+    (record,) = caplog.records
+    assert "tube 'emails' already exists with ttr=None" in record.getMessage()
+    assert "asked for ttr=60" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="django_taskloop.tubes"):
+        Tube.objects.create_tube("emails", "fifottl", if_not_exists=True)
+    assert not caplog.records  # nothing asked that differs
+
+
+@pytest.fixture
+def scratch_registry():
+    """Handlers registered by a test leave the registry afterwards."""
+    from django_taskloop.workers import registry
+
+    before = dict(registry)
+    yield
+    registry.clear()
+    registry.update(before)
+
+
+def test_tube_decorator_takes_the_tubes_options_and_the_worker_warns_of_a_mismatch(caplog, scratch_registry):
+    from django_taskloop.workers import tube
+    from django_taskloop.workers.drivers import make_driver
+
+    handler = tube("w-opts", type="fifottl", ttr=60, pri=3)(lambda task: None)
+    assert handler.create == {"type": "fifottl", "ttr": 60, "pri": 3}
+    make_driver(handler, "w").prepare()
+    stored = Tube.objects.get(name="w-opts")
+    assert (stored.type, stored.ttr, stored.pri) == ("fifottl", 60, 3)
+    other = tube("w-opts-2", ttr=5)(lambda task: None)
+    Tube.objects.create_tube("w-opts-2", "fifottl", ttr=30)
+    with caplog.at_level(logging.WARNING, logger="django_taskloop.tubes"):
+        make_driver(other, "w").prepare()
+    assert "tube 'w-opts-2' already exists with ttr=30" in caplog.text
+    assert "asked for ttr=5" in caplog.text
+    with pytest.raises(TypeError, match="pri must be an int"):
+        tube("w-opts-3", pri="high")

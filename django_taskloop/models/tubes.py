@@ -17,6 +17,7 @@ transaction as the change. No single row is written by every take and ack, and
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import socket
@@ -43,6 +44,8 @@ from ..validation import (
     check_seconds,
     check_text,
 )
+
+logger = logging.getLogger("django_taskloop.tubes")
 
 __all__ = ["Tube", "Task", "TubeManager", "TubeStat", "Consumer", "TubeWaiter", "default_consumer"]
 
@@ -264,6 +267,23 @@ class TubeManager(models.Manager["Tube"]):
                 raise TubeError(f"tube {name!r} already exists")
             if existing.type != type:
                 raise TubeError(f"tube {name!r} exists with type {existing.type!r}, not {type!r}")
+            asked = {"ttl": ttl, "ttr": ttr, "pri": pri}
+            differ = {
+                key: value
+                for key, value in asked.items()
+                if value is not None and value != getattr(existing, key)
+            }
+            if differ:
+                # The stored tube wins (its tasks were put under its options), but silently
+                # handing back other options than the code asked for hides a real mistake,
+                # e.g. a worker's @tube("emails") having created it first with the defaults.
+                logger.warning(
+                    "tube %r already exists with %s; create_tube(if_not_exists=True) asked for %s: "
+                    "the stored options stay (drop and re-create the tube, or change the code to match)",
+                    name,
+                    ", ".join(f"{key}={getattr(existing, key)!r}" for key in differ),
+                    ", ".join(f"{key}={value!r}" for key, value in differ.items()),
+                )
             tube = existing
         if on_task_change is not None:
             _callbacks[(using, tube.pk)] = on_task_change

@@ -23,6 +23,7 @@ tube tasks are buried and jobs trashed after ``TASKLOOP["MAX_ATTEMPTS"]`` attemp
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,13 +172,16 @@ def tube(
     type: str = "fifottl",  # noqa: A002  (the spelling of create_tube's argument)
     ttl: float | None = None,
     ttr: float | None = None,
+    pri: int | None = None,
 ) -> Callable[[Callable[[Any], Any]], Handler]:
     """Register the decorated function to be called with each task taken from tube ``name``.
 
-    The tube is created (``type``, ``ttl``, ``ttr``) when the worker starts if it does not
-    exist; the default type, ``fifottl``, is the one whose ``release(delay=…)`` lets a failed
-    task wait before its retry. While the handler runs, the worker touches the task so that its
-    ttr does not run out (ttl types) and beats as the task's consumer.
+    The tube is created with ``type``, ``ttl``, ``ttr`` and ``pri`` (``create_tube``'s
+    options) when the worker starts if it does not exist; if it exists with other options,
+    the worker logs a warning naming both. The default type, ``fifottl``, is the one whose
+    ``release(delay=…)`` lets a failed task wait before its retry. While the handler runs, the
+    worker touches the task so that its ttr does not run out (ttl types) and beats as the
+    task's consumer.
     """
     name = check_name(name, "name")
     batch = check_count(batch, "batch", minimum=1)
@@ -185,11 +189,12 @@ def tube(
         raise ValueError(f"type must be 'fifo', 'fifottl', 'utube' or 'utubettl', not {type!r}")
     ttl = check_seconds(ttl, "ttl", allow_none=True, positive=True)
     ttr = check_seconds(ttr, "ttr", allow_none=True, positive=True)
+    if pri is not None and (isinstance(pri, bool) or not isinstance(pri, int)):
+        raise TypeError(f"pri must be an int or None, not {builtins.type(pri).__name__}")
     create: dict[str, Any] = {"type": type}
-    if ttl is not None:
-        create["ttl"] = ttl
-    if ttr is not None:
-        create["ttr"] = ttr
+    for key, value in (("ttl", ttl), ("ttr", ttr), ("pri", pri)):
+        if value is not None:
+            create[key] = value
 
     def decorate(func: Callable[[Any], Any]) -> Handler:
         return _register(
