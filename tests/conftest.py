@@ -88,14 +88,28 @@ _BROWSER_MISSING: list[str] = []
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
-    """Outside CI, leave out the real-browser tests where no browser can run them, and say so.
+    """Leave out, and say so: tests that start servers unless asked; outside CI, browser tests
+    where no browser can run them.
 
-    CI (``CI=true``) always runs them: there a missing browser is a failure, not a skip.
+    CI (``CI=true``, ``TASKLOOP_START_SERVERS=1``) runs them all: there a missing browser is a
+    failure, not a skip.
     """
     import importlib.util
     import os
     from pathlib import Path
 
+    if os.environ.get("TASKLOOP_START_SERVERS") != "1":
+        # Throwaway database servers and network namespaces change the machine: only when asked.
+        from tests.reliability.conftest import SERVER_FIXTURES
+
+        servers = [item for item in items if SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))]
+        if servers:
+            config.hook.pytest_deselected(items=servers)
+            items[:] = [item for item in items if item not in servers]
+            _BROWSER_MISSING.append(
+                f"{len(servers)} test(s) that start their own database servers or network namespaces "
+                "not run: set TASKLOOP_START_SERVERS=1 to run them (needs root; .ci/run does)"
+            )
     if os.environ.get("CI"):
         return
     missing = []

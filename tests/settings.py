@@ -5,22 +5,26 @@ databases so that several runs can share one server without clobbering each othe
 """
 
 import os
+import tempfile
 
 from testproject.settings import *  # noqa: F403
 from testproject.settings import DATABASES, INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
 
-SUFFIX = os.environ.get("TASKLOOP_TEST_SUFFIX", "main")
+# Unless named, a suffix of this run's own (its process id), set in the environment so that
+# the worker processes the tests start agree on it: two runs at once never share a database.
+SUFFIX = os.environ.setdefault("TASKLOOP_TEST_SUFFIX", f"p{os.getpid()}")
+TMP = tempfile.gettempdir()  # run-tests.sh points TMPDIR at a directory it removes afterwards
 
 _default = DATABASES["default"]
 if "sqlite" in _default["ENGINE"]:
     # A file, not memory: the concurrency tests open it from other processes.
-    _default["TEST"] = {"NAME": f"/tmp/taskloop_test_{SUFFIX}.sqlite3"}
+    _default["TEST"] = {"NAME": f"{TMP}/taskloop_test_{SUFFIX}.sqlite3"}
     _other = {
         **_default,
-        "NAME": "/tmp/unused_other.sqlite3",
-        "TEST": {"NAME": f"/tmp/taskloop_test_{SUFFIX}_other.sqlite3"},
+        "NAME": f"{TMP}/unused_other.sqlite3",
+        "TEST": {"NAME": f"{TMP}/taskloop_test_{SUFFIX}_other.sqlite3"},
     }
 else:
     _default["TEST"] = {"NAME": f"test_taskloop_{SUFFIX}"}

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,10 +31,13 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUFFIX = os.environ.get("TASKLOOP_TEST_SUFFIX", "main")
+SUFFIX = os.environ.setdefault("TASKLOOP_TEST_SUFFIX", f"p{os.getpid()}")
 # One number per suffix, so that two suffixes' runs never share ports, subnets or names.
 _N = int(hashlib.sha1(SUFFIX.encode()).hexdigest(), 16) % 200 + 20
-BASE = Path(f"/tmp/taskloop_reliab_{SUFFIX}")
+BASE = Path(tempfile.gettempdir()) / f"taskloop_reliab_{SUFFIX}"
+#: The fixtures that start servers or change the network; tests that use them run only when
+#: asked (TASKLOOP_START_SERVERS=1, as .ci/run does), see tests/conftest.py.
+SERVER_FIXTURES = {"bridge", "netns_hosts", "mariadb_server", "postgres_server", "throwaway"}
 SUBNET = f"10.231.{_N}"
 BRIDGE_ADDRESS = f"{SUBNET}.1"
 DB_NAME = "taskloop_reliab"
@@ -363,6 +367,7 @@ def bridge() -> Iterator[str | None]:
     reason = namespaces_available()
     if reason:
         yield None
+        shutil.rmtree(BASE, ignore_errors=True)
         return
     _teardown_netns(HOSTS)  # leftovers of a killed run
     name = f"tl{_N}br"
@@ -373,6 +378,7 @@ def bridge() -> Iterator[str | None]:
         yield BRIDGE_ADDRESS
     finally:
         _teardown_netns(HOSTS)
+        shutil.rmtree(BASE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
