@@ -18,6 +18,14 @@ DEFAULTS: dict[str, Any] = {
     "JOB_HISTORY_RETENTION": 0,
     # Seconds to keep acknowledged Django Tasks results.
     "RESULT_RETENTION": 7 * 24 * 3600,
+    # Seconds to keep Failure rows (what workers saw fail, with tracebacks).
+    "FAILURE_RETENTION": 7 * 24 * 3600,
+    # Seconds of per-minute throughput kept for the dashboard (older minutes fold into totals).
+    "THROUGHPUT_RETENTION": 48 * 3600,
+    # Seconds without a heartbeat after which a worker process no longer shows as alive.
+    "WORKER_TIMEOUT": 60,
+    # Bearer token that may read django_taskloop.urls' metrics without a staff login.
+    "METRICS_TOKEN": None,
     # Times a claim is retried inside the engine after a deadlock / lock timeout / busy SQLite.
     "RETRIES": 5,
     # Worker defaults.

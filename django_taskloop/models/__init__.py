@@ -7,9 +7,11 @@ from .lockable import *  # noqa: F403
 from .lockable import __all__ as _lockable
 from .loops import *  # noqa: F403
 from .loops import __all__ as _loops
+from .operating import *  # noqa: F403
+from .operating import __all__ as _operating
 from .results import *  # noqa: F403
 from .results import __all__ as _results
 from .tubes import *  # noqa: F403
 from .tubes import __all__ as _tubes
 
-__all__ = [*_lockable, *_loops, *_boards, *_tubes, *_results]
+__all__ = [*_lockable, *_loops, *_boards, *_tubes, *_results, *_operating]

@@ -29,6 +29,7 @@ from ..conf import setting
 from ..exceptions import JobFailure, NotFound, TaskloopError, UnclaimableJob
 from ..signals import job_posted, job_removed
 from ..validation import check_bool, check_json, check_name, check_owner, check_seconds, check_text
+from . import operating
 
 __all__ = [
     "JobPriority",
@@ -370,6 +371,8 @@ class JobBoard(models.Model):
         """Claim the most urgent, oldest unclaimed job for ``who`` and return it, or ``None``."""
         who = check_owner(who, "who", max_length=_OWNER_LENGTH)
         expiry = check_seconds(expiry, "expiry", allow_none=True, positive=True)
+        if operating.is_paused("job", self.name, self._alias, fresh=False):
+            return None
         claimed = engine.claim(
             self._jobs(),
             limit=1,
@@ -467,7 +470,34 @@ class JobBoard(models.Model):
             raise NotFound(f"job {job_uuid} not found on board {self.name!r}")
         if not old.trashed:
             raise JobFailure(f"cannot repost job {job_uuid}: it is not trashed")
-        return self._post(old.name, old.details, old.priority)
+        using = self._alias
+
+        def work() -> Job:
+            # Marked under its row lock, so that two re-posts at once make one copy.
+            row = Job.objects.db_manager(using).select_for_update().get(pk=old.pk)
+            if row.reposted_as:
+                raise JobFailure(
+                    f"cannot repost job {job_uuid}: it was re-posted already as {row.reposted_as}"
+                )
+            new = self._post(row.name, row.details, row.priority)
+            Job.objects.db_manager(using).filter(pk=row.pk).update(reposted_as=new.uuid)
+            return new
+
+        return engine.run_in_transaction(Job, using, work)
+
+    def pause(self) -> None:
+        """Stop handing out jobs (claim_next returns None, workers claim nothing) until
+        :meth:`resume`; post, explicit claim() and every other verb still work. Twice is a no-op."""
+        operating.pause("job", self.name, self._alias)
+
+    def resume(self) -> None:
+        """Hand out jobs again after :meth:`pause`."""
+        operating.resume("job", self.name, self._alias)
+
+    @property
+    def paused(self) -> bool:
+        """Whether the board is paused (read from the database)."""
+        return operating.is_paused("job", self.name, self._alias)
 
     def iterjobs(self, only_unclaimed: bool = False, ensure_fresh: bool = False) -> Iterator[Job]:
         """Iterate over the board's jobs, most urgent first, then oldest first.
@@ -604,6 +634,8 @@ class Job(models.Model):
     trashed = models.BooleanField(default=False, editable=False)
     trashed_by = models.CharField(max_length=_OWNER_LENGTH, null=True, blank=True, editable=False)
     trashed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    #: The uuid of the job this trashed job was re-posted as (a job is re-posted once).
+    reposted_as = models.CharField(max_length=36, null=True, blank=True, editable=False)
     #: Times the job has been claimed (workers trash it after TASKLOOP["MAX_ATTEMPTS"] failures).
     attempts = models.PositiveIntegerField(default=0, editable=False)
 

@@ -497,7 +497,29 @@ class TaskLoopQuerySet(models.QuerySet):
 
 class TaskLoopManager(models.Manager.from_queryset(TaskLoopQuerySet)):  # type: ignore[misc]
     """Manager of :class:`TaskLoop` models: ``add``, ``remove``, ``claim``, ``did``,
-    ``unlock``, ``bump``, ``status`` and ``stats``."""
+    ``unlock``, ``bump``, ``status`` and ``stats``; ``pause``/``resume``/``paused`` for workers."""
+
+    def pause(self) -> None:
+        """Make workers claim nothing from this loop until :meth:`resume` (twice: a no-op).
+
+        ``claim()`` called by your own code is not affected: the pause is for the loop's
+        ``@loop`` handlers in ``manage.py workers``.
+        """
+        from .operating import pause
+
+        pause("loop", self.model._meta.label_lower, self.db)
+
+    def resume(self) -> None:
+        """Let workers claim from this loop again."""
+        from .operating import resume
+
+        resume("loop", self.model._meta.label_lower, self.db)
+
+    def paused(self) -> bool:
+        """Whether workers leave this loop alone (read from the database)."""
+        from .operating import is_paused
+
+        return is_paused("loop", self.model._meta.label_lower, self.db)
 
 
 class TaskLoop(models.Model, metaclass=TaskLoopBase):

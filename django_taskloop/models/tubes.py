@@ -44,6 +44,7 @@ from ..validation import (
     check_seconds,
     check_text,
 )
+from . import operating
 
 logger = logging.getLogger("django_taskloop.tubes")
 
@@ -682,6 +683,10 @@ class Tube(models.Model):
 
     def _take(self, limit: int, consumer: str) -> list[Task]:
         self._beat(consumer)
+        if operating.is_paused("task", self.name, self._using, fresh=False):
+            # Paused: hand out nothing (a waiting take keeps waiting, polling the pause).
+            self._ensure_exists()
+            return []
         self._tidy_for_take()
         # attempts counts takes, so that a worker can bury a task that keeps failing.
         changes: dict[str, Any] = {"state": TAKEN, "owner": consumer, "attempts": F("attempts") + 1}
@@ -914,6 +919,39 @@ class Tube(models.Model):
             return len(tasks)
 
         return self._run(work)
+
+    def kick_task(self, task_id: int) -> Task:
+        """Return the chosen buried task to ready and return it (``TubeError`` if not buried)."""
+        task_id = _check_task_id(task_id)
+
+        def work() -> Task:
+            task = self._existing(task_id, lock=True)
+            if task.state != BURIED:
+                raise TubeError(f"task {task_id} of tube {self.name!r} is not buried (state {task.state!r})")
+            self._tasks().filter(pk=task.pk).update(state=READY)
+            self._count(kick=1)
+            task.state = READY
+            self._emit(task, "kick")
+            self._wake()
+            return task
+
+        return self._run(work)
+
+    def pause(self) -> None:
+        """Stop handing out tasks (take/take_many give nothing, workers claim nothing) until
+        :meth:`resume`; put, ack, release and every other verb still work. Twice is a no-op."""
+        self._ensure_exists()
+        operating.pause("task", self.name, self._using)
+
+    def resume(self) -> None:
+        """Hand out tasks again after :meth:`pause`."""
+        operating.resume("task", self.name, self._using)
+        self._wake()
+
+    @property
+    def paused(self) -> bool:
+        """Whether the tube is paused (read from the database)."""
+        return operating.is_paused("task", self.name, self._using)
 
     def delete_task(self, task_id: int) -> Task:
         """Remove the task (any state, no ownership needed); return it with state ``"-"``."""
