@@ -15,7 +15,7 @@ import pytest
 from django.core import checks
 
 from django_taskloop.backends import TaskloopBackend
-from django_taskloop.models import TaskRecord, Tube
+from django_taskloop.models import Failure, TaskRecord, Tube
 from django_taskloop.workers import FailedForGood
 from tests.testapp.models import WorkLog
 
@@ -57,6 +57,9 @@ def test_system_exit_and_keyboard_interrupt_end_failed_and_the_worker_carries_on
         assert "Traceback" in error.traceback and kind.__name__ in error.traceback
     after.refresh()
     assert after.return_value == 2
+    # The operator's Failures list has both, with the task's own exception.
+    errors = sorted(Failure.objects.filter(kind="task", queue="tasks.default").values_list("error", flat=True))
+    assert errors == ["builtins.KeyboardInterrupt", "builtins.SystemExit"]
     # Counted as failed, not as done; the tube tasks are all settled.
     assert "summary tasks.default: 1 done, 2 failed" in run.stderr
     assert Tube.objects.statistics()["tasks.default"]["tasks"]["total"] == 0

@@ -11,7 +11,8 @@ from collections import Counter
 import pytest
 from django.core.management import call_command
 
-from django_taskloop.models import BoardEntity, Consumer, JobBoard, Tube
+from django_taskloop.models import BoardEntity, Consumer, Failure, JobBoard, Tube, WorkerProcess
+from django_taskloop.models.operating import throughput_totals
 from django_taskloop.workers import Handler, board, get_handlers, loop, registry, tube
 from tests.testapp.models import WorkerLoop, WorkLog
 
@@ -169,6 +170,11 @@ def test_failing_tube_task_is_retried_with_growing_delays_then_buried():
     assert gaps[1] > gaps[0]
     assert failing.peek(task.id).state == "!"
     assert failing.peek(task.id).attempts == 3
+    # Every failure is kept with its traceback, newest first (issue 14).
+    seen = list(Failure.objects.for_item(failing.peek(task.id)))
+    assert [f.attempt for f in seen] == [3, 2, 1]
+    assert all(f.error == "builtins.RuntimeError" and "fails on purpose" in f.traceback for f in seen)
+    assert throughput_totals()[("task", "w-fail")]["failed"] == 3
     assert (
         f'task {task.id} of tube "w-fail" failed (attempt 1 of 3), retrying in 0.3 s: RuntimeError: '
         in output
@@ -216,6 +222,10 @@ def test_failing_job_is_abandoned_then_trashed_and_failing_loop_id_backs_off():
     assert tries[1] - tries[0] >= 0.25
     assert tries[2] - tries[1] >= 0.55
     assert ends("loop")["1"] == 1
+    assert [f.attempt for f in Failure.objects.for_item(job)] == [3, 2, 1]
+    loop_failures = list(Failure.objects.for_item((WorkerLoop, -1)))
+    assert len(loop_failures) >= 3 and loop_failures[-1].attempt == 1
+    assert throughput_totals()[("job", "w-board")]["done"] == 1
 
 
 @pytest.mark.slow
@@ -467,3 +477,28 @@ def test_demo_command_moves_work_in_every_facade(tmp_path):
         # The worker's log went to the file, not between the story's lines.
         assert "INFO" not in text and "summary" not in text
         assert "summary demo-emails" in log.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_running_workers_honour_a_pause_within_a_second_and_show_as_alive():
+    drain_tube = Tube.objects.create_tube("w-drain", "fifottl")
+    worker = start_workers("--only", "w-drain", "--only", "testapp.workerloop")
+    try:
+        alive = wait_until(lambda: list(WorkerProcess.objects.alive()), timeout=60)
+        assert sorted(alive[0].queues) == ["loop:testapp.workerloop", "task:w-drain"]
+        drain_tube.pause()
+        WorkerLoop.objects.pause()
+        time.sleep(1.2)  # a worker honours a pause within a second
+        paused_task = drain_tube.put({"n": 1})
+        WorkerLoop.objects.add([7])
+        time.sleep(1.5)
+        assert drain_tube.peek(paused_task.id).state == "r"
+        assert not ends("loop")
+        drain_tube.resume()
+        WorkerLoop.objects.resume()
+        wait_until(lambda: ends("drain")[str(paused_task.id)] == 1 and ends("loop")["7"] == 1, timeout=30)
+    finally:
+        output = stop(worker)
+    assert worker.returncode == 0, output
+    assert not WorkerProcess.objects.exists()  # it said goodbye

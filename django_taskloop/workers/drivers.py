@@ -62,6 +62,26 @@ class Driver:
 
     #: What one item is called in log lines.
     noun = "item"
+    #: The kind of queue, as Failure and Throughput spell it: "task", "job" or "loop".
+    queue_kind = "task"
+
+    @property
+    def queue(self) -> str:
+        """The queue's name, as Failure and Throughput spell it (a loop: its model label)."""
+        return str(self.handler.target)
+
+    def attempt(self, item: Any) -> int:
+        """Which attempt at ``item`` this is (1-based), for its Failure row."""
+        return max(1, int(getattr(item, "attempts", 0) or 0))
+
+    def paused(self) -> bool:
+        """Whether the queue is paused (tubes and boards hand out nothing then by themselves)."""
+        return False
+
+    @property
+    def using(self) -> str:
+        """The database alias the queue lives on."""
+        return "default"
 
     def call(self, item: Any) -> Any:
         # Built-in handlers (the Django Tasks backend) mark the user code inside them
@@ -102,12 +122,34 @@ class LoopDriver(Driver):
     """doloop: ``claim(batch)``, ``did`` on success, back off on failure, ``unlock`` to give back."""
 
     noun = "id"
+    queue_kind = "loop"
+
+    @property
+    def queue(self) -> str:
+        return str(self.model._meta.label_lower)
+
+    def attempt(self, item: Any) -> int:
+        # Loops keep no attempt count: this process's count of failures in a row.
+        with self._lock:
+            return self._failures.get(item, 0) + 1
+
+    def paused(self) -> bool:
+        from ..models.operating import is_paused
+
+        return is_paused("loop", self.queue, self.using, fresh=False)
+
+    @property
+    def using(self) -> str:
+        return str(self.model.objects.db)
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
         self.model = handler.target
 
     def claim(self, limit: int) -> list[Any]:
+        # A loop's claim() is the user's too, so the pause is the worker's to honour.
+        if self.paused():
+            return []
         return self.model.objects.claim(
             limit, lock_for=self.handler.lease, min_loop_time=self.handler.min_loop_time
         )
@@ -147,6 +189,10 @@ class TubeDriver(Driver):
     """Tarantool queue: ``take_many``/``ack_many``, release with delay then bury, ``touch``."""
 
     noun = "task"
+
+    @property
+    def using(self) -> str:
+        return self.tube._using if self.tube is not None else "default"
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
@@ -238,6 +284,11 @@ class BoardDriver(Driver):
     """TaskFlow job boards: ``claim_next``, ``consume``, retry after a delay then ``trash``."""
 
     noun = "job"
+    queue_kind = "job"
+
+    @property
+    def using(self) -> str:
+        return self.board._alias if self.board is not None else "default"
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)

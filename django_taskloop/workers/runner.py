@@ -243,6 +243,7 @@ class Worker:
                     settled.add(driver.key(item))
                     failed += 1
                     cause = error.__cause__ or error
+                    self._record_failure(driver, item, driver.attempt(item), cause)
                     logger.warning("%s failed: %s: %s", driver.describe(item), type(cause).__name__, cause)
                 except Exception as error:
                     # Finished items stay in flight until the batch's acknowledgement: their
@@ -251,6 +252,7 @@ class Worker:
                     key = driver.key(item)
                     with self.inflight_lock:
                         self.inflight[driver] = [i for i in self.inflight[driver] if driver.key(i) != key]
+                    self._record_failure(driver, item, driver.attempt(item), error)
                     outcome = driver.failed(item, error)
                     settled.add(key)
                     failed += 1
@@ -283,6 +285,7 @@ class Worker:
                         logger.debug("%s: given back", driver.describe(item))
             with self.inflight_lock:
                 self.inflight.pop(driver, None)
+            self._record_throughput(driver, done, failed, len(left))
             t3 = time.monotonic()
             tally.batches += 1
             tally.done += done
@@ -302,14 +305,68 @@ class Worker:
             )
         return len(items)
 
+    def _record_failure(self, driver: Driver, item: Any, attempt: int, error: BaseException) -> None:
+        """Keep what failed, with its traceback, for the operator (a Failure row)."""
+        from ..models import Failure
+
+        try:
+            Failure.objects.record(
+                kind=driver.queue_kind,
+                queue=driver.queue,
+                item=driver.key(item),
+                attempt=attempt,
+                worker=self.identity,
+                error=error,
+                using=driver.using,
+            )
+        except Exception:
+            # The failure is in the log anyway; losing its row must not stop the worker.
+            logger.exception("could not record the failure of %s", driver.describe(item))
+
+    def _record_throughput(self, driver: Driver, done: int, failed: int, given_back: int) -> None:
+        from ..models.operating import record_throughput
+
+        try:
+            record_throughput(
+                driver.queue_kind,
+                driver.queue,
+                done=done,
+                failed=failed,
+                given_back=given_back,
+                using=driver.using,
+            )
+        except Exception:
+            logger.exception("could not record the throughput of %s", driver.describe_queue())
+
+    def _beat_as_process(self) -> None:
+        """Say that this worker process is alive, what it serves and what it holds now."""
+        from ..models import WorkerProcess
+
+        with self.inflight_lock:
+            holding = {f"{d.queue_kind}:{d.queue}": len(items) for d, items in self.inflight.items() if items}
+        WorkerProcess.objects.beat(
+            self.identity,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=[f"{d.queue_kind}:{d.queue}" for d in self.drivers],
+            holding=holding,
+        )
+
     def _heartbeat(self, stop: threading.Event) -> None:
         """Renew the leases of the work in hand and record that this worker is alive."""
         due = {driver: 0.0 for driver in self.drivers}
         # Long-running workers also do the reaper's upkeep (history and result pruning, dead
         # consumers), spread out so that N processes do not all reap at once.
         next_reap = time.monotonic() + REAP_EVERY * random.uniform(0.5, 1.0)
+        next_process_beat = 0.0
         try:
             while True:
+                if time.monotonic() >= next_process_beat:
+                    next_process_beat = time.monotonic() + min(float(setting("HEARTBEAT_INTERVAL")), 5.0)
+                    try:
+                        self._beat_as_process()
+                    except Exception:
+                        logger.exception("worker %s: heartbeat of the process failed", self.identity)
                 if not self.burst and time.monotonic() >= next_reap:
                     next_reap = time.monotonic() + REAP_EVERY * random.uniform(0.75, 1.25)
                     try:
@@ -334,10 +391,16 @@ class Worker:
                         logger.exception(
                             "heartbeat of %s %s failed", driver.handler.kind, driver.handler.name
                         )
-                pause = min([*due.values(), next_reap]) - time.monotonic()
+                pause = min([*due.values(), next_reap, next_process_beat]) - time.monotonic()
                 if stop.wait(max(0.01, pause)):
                     return
         finally:
+            try:
+                from ..models import WorkerProcess
+
+                WorkerProcess.objects.gone(self.identity)
+            except Exception:
+                logger.exception("worker %s: could not say goodbye", self.identity)
             connections.close_all()
 
     def log_summary(self, elapsed: float) -> None:
