@@ -70,6 +70,18 @@ def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
         if forgotten:
             report["tubes"].setdefault("(consumers)", {})["dead_forgotten"] = forgotten
 
+    from .models import Failure, WorkerProcess
+    from .models.operating import prune_throughput
+
+    for alias in _aliases(Failure, using):
+        operating = {
+            "failures_pruned": Failure.objects.prune(alias),
+            "throughput_minutes_folded": prune_throughput(alias),
+            "gone_workers_forgotten": WorkerProcess.objects.db_manager(alias).prune(),
+        }
+        if any(operating.values()):
+            report["results"]["operating"] = operating
+
     if _uses_tasks_backend():
         for alias in _aliases(TaskRecord, using):
             retention = float(setting("RESULT_RETENTION"))

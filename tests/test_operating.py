@@ -155,3 +155,21 @@ def test_a_waiting_take_keeps_waiting_while_paused_and_wakes_on_resume():
     threading.Thread(target=resume_soon).start()
     got = tube.take(5)
     assert got is not None and time.monotonic() - started < 5
+
+
+def test_reap_locks_prunes_old_failures_throughput_and_gone_workers(settings):
+    from django_taskloop.reaper import format_report, reap
+
+    try:
+        raise RuntimeError("old")
+    except RuntimeError as error:
+        Failure.objects.record(kind="task", queue="q", item=1, attempt=1, worker="w", error=error)
+    record_throughput("task", "q", done=1)
+    WorkerProcess.objects.beat("gone", host="h", pid=1, queues=[], holding={})
+    settings.TASKLOOP = {"FAILURE_RETENTION": -60, "THROUGHPUT_RETENTION": -120, "WORKER_TIMEOUT": -1}
+    lines = format_report(reap())
+    assert (
+        "results operating: failures pruned 1, throughput minutes folded 1, gone workers forgotten 1" in lines
+    )
+    assert not Failure.objects.exists() and not WorkerProcess.objects.exists()
+    assert throughput_totals()[("task", "q")]["done"] == 1
