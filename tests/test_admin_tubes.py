@@ -93,15 +93,16 @@ def test_release_acts_for_the_holding_consumer(boss, tube):
     assert task(1).state == "r" and task(1).owner is None
 
 
-def test_bury_and_kick(boss, tube):
+def test_bury_and_kick_exactly_the_chosen_task(boss, tube):
     assert "Buried 1 task(s)." in act(boss, "bury_tasks", 0).content.decode()
     assert task(0).state == "!"
-    # Kick order is priority then id: t3 (pri 0) comes before t0 (pri 5).
+    # Kick order is priority then id: t3 (pri 0) comes before t0 (pri 5); the operator chose t0.
     page = act(boss, "kick_tasks", 0).content.decode()
-    assert "kick takes buried tasks in priority order" in page
-    assert task(0).state == "!"
-    assert "Kicked 2 task(s)." in act(boss, "kick_tasks", 0, 3).content.decode()
-    assert task(0).state == "r" and task(3).state == "r"
+    assert "Kicked 1 task(s)." in page
+    assert task(0).state == "r" and task(3).state == "!"
+    page = act(boss, "kick_tasks", 3, 1).content.decode()
+    assert "Kicked 1 task(s)." in page and "is not buried" in page
+    assert task(3).state == "r"
     assert tube.statistics()["calls"]["kick"] == 2
 
 

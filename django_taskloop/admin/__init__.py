@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from . import boards, loops, tubes
+from . import boards, loops, operating, tubes
 from .base import TaskloopAdminMixin
 from .boards import JobAdmin, JobBoardAdmin
 from .charts import bar_chart
@@ -55,6 +55,7 @@ def register_all(site: admin.AdminSite) -> None:
     """
     boards.register(site)
     tubes.register(site)
+    operating.register(site)
     register_loops(site)
     loops.register_loops_when_urls_are_built(site)
 

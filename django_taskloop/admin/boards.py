@@ -29,6 +29,7 @@ from .base import (
     until_cell,
 )
 from .charts import bar_chart
+from .operating import failure_history, last_failure_note
 
 __all__ = ["JobAdmin", "JobBoardAdmin", "JobStateFilter", "board_overview", "admin_identity"]
 
@@ -230,12 +231,24 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         "last_modified",
         "trashed_by",
         "trashed_at",
+        "reposted_as",
+        "attempts",
+        "failures",
     )
     fieldsets = (
         (None, {"fields": ("uuid", "board", "name", "job_state", "priority", "details")}),
         (_("Claim"), {"fields": ("claimed_by", "claim_expires_at")}),
-        (_("History"), {"fields": ("created_on", "last_modified", "trashed_by", "trashed_at")}),
+        (
+            _("History"),
+            {"fields": ("created_on", "last_modified", "trashed_by", "trashed_at", "reposted_as")},
+        ),
+        (_("Attempts and failures"), {"fields": ("attempts", "failures")}),
     )
+
+    @admin.display(description=_("attempts and failures"))
+    def failures(self, obj: Any) -> str:
+        return failure_history(obj, self.admin_site.name)
+
     action_form = type(
         "JobActionForm",
         (admin.helpers.ActionForm,),
@@ -265,6 +278,12 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     @admin.display(description=_("state"))
     def job_state(self, obj: Job) -> str:
         state = job_state(obj, self.now())
+        if state == "trashed":
+            # Why and when it was trashed: its last failure, and whether it was re-posted.
+            note = format_html(" <small>{}</small>", _("re-posted")) if obj.reposted_as else ""
+            return format_html(
+                "{} {}{}", state_badge(JOB_STATE_LABELS[state], state), last_failure_note(obj), note
+            )
         return state_badge(JOB_STATE_LABELS[state], state)
 
     @admin.display(description=_("board"))
@@ -361,10 +380,27 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 class JobBoardAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     """Boards, with their job counts and a statistics page each. Hosts the dashboard."""
 
-    list_display = ("name", "live_jobs", "links", "created_on")
+    list_display = ("name", "running", "live_jobs", "links", "created_on")
     search_fields = ("name",)
     ordering = ("name",)
     readonly_fields = ("created_on",)
+    actions = ["pause_boards", "resume_boards"]
+
+    @admin.display(description=_("running"))
+    def running(self, obj: JobBoard) -> str:
+        return state_badge(_("paused"), "paused") if obj.paused else state_badge(_("running"), "running")
+
+    @admin.action(description=_("Pause: workers claim nothing from it"), permissions=["change"])
+    def pause_boards(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self.run_each(
+            request, queryset, lambda b: b.pause(), lambda b: f"board {b.name}", "Paused %(n)d board(s)."
+        )
+
+    @admin.action(description=_("Resume"), permissions=["change"])
+    def resume_boards(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self.run_each(
+            request, queryset, lambda b: b.resume(), lambda b: f"board {b.name}", "Resumed %(n)d board(s)."
+        )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         # A board's name is how workers find it: renaming one would strand them.

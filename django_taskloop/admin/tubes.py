@@ -19,7 +19,6 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder, NumericRangeFilterBuilder
 
 from .. import engine
-from ..exceptions import TaskloopError
 from ..models.tubes import BURIED, CALLS, DELAYED, READY, TAKEN, TTL_TYPES, Task, Tube, TubeStat
 from .base import (
     TaskloopAdminMixin,
@@ -32,6 +31,7 @@ from .base import (
 )
 from .charts import bar_chart
 from .loops import STATE_COUNT_CAP
+from .operating import failure_history, last_failure_note
 
 __all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "set_task", "tube_depth", "tube_overview"]
 
@@ -78,12 +78,6 @@ class EventRangeFilter(DateTimeRangeFilterBuilder(title=_("next event (delay end
         return filtered.filter(state__in=list(TASK_STATES))
 
 
-class _NotTheHead(Exception):
-    def __init__(self, head: list[int]) -> None:
-        super().__init__(head)
-        self.head = head
-
-
 def set_task(task: Task, **changes: Any) -> int:
     """Write ``changes`` (``pri``, ``data``) to ``task`` unless it is taken; return 1 or 0.
 
@@ -127,16 +121,15 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     """Tasks of every tube, with Tarantool's verbs as actions."""
 
     form = TaskForm
+    # Nine columns fit 1280 px with room for the data; utube and ttl are on each task's page.
     list_display = (
         "id",
         "task_state",
         "tube_name",
         "pri",
-        "utube",
         "owner",
         "attempts",
         "deadline",
-        "expires",
         "age",
         "data_preview",
     )
@@ -158,10 +151,23 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     ordering = ("-id",)
     sortable_by = ("id", "age")
     actions = ["release_tasks", "bury_tasks", "kick_tasks", "delete_tasks", "set_priority"]
-    readonly_fields = ("id", "tube", "task_state", "utube", "owner", "created", "event_at", "ttl_at", "ttr")
+    readonly_fields = (
+        "id",
+        "tube",
+        "task_state",
+        "utube",
+        "owner",
+        "created",
+        "event_at",
+        "ttl_at",
+        "ttr",
+        "attempts",
+        "failures",
+    )
     fieldsets = (
         (None, {"fields": ("id", "tube", "task_state", "utube", "pri", "data")}),
         (_("Timers"), {"fields": ("owner", "created", "event_at", "ttl_at", "ttr")}),
+        (_("Attempts and failures"), {"fields": ("attempts", "failures")}),
     )
     action_form = type(
         "TaskActionForm",
@@ -189,7 +195,9 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         now = self.now()
         if obj.state in (DELAYED, TAKEN) and obj.event_at is not None and obj.event_at <= now:
             # The timer ran out; the next call on the tube makes it ready.
-            return format_html("{} <small>{}</small>", state_badge(_(name), name), _("due"))
+            return format_html("{} <small>{}</small>", state_badge(_(name), name), _("overdue"))
+        if obj.state == BURIED:
+            return format_html("{} {}", state_badge(_(name), name), last_failure_note(obj))
         return state_badge(_(name), name)
 
     @admin.display(description=_("tube"))
@@ -211,6 +219,25 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     @admin.display(description=_("data"))
     def data_preview(self, obj: Task) -> str:
         return Truncator(json.dumps(obj.data, ensure_ascii=False)).chars(40)
+
+    @admin.display(description=_("attempts and failures"))
+    def failures(self, obj: Task) -> str:
+        return failure_history(obj, self.admin_site.name)
+
+    def delete_model(self, request: HttpRequest, obj: Task) -> None:
+        # Through the tube: its events and its "delete" counter, as a worker's delete would.
+        obj.tube.delete_task(obj.pk)
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> Any:
+        task = self.get_object(request, object_id)
+        if task is not None and task.state == TAKEN:
+            # A live worker holds it: say whose work the delete takes away.
+            extra_context = {
+                **(extra_context or {}),
+                "title": _("Delete task %(id)s? Consumer %(owner)s is working on it now.")
+                % {"id": task.pk, "owner": task.owner},
+            }
+        return super().delete_view(request, object_id, extra_context)
 
     def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
         changes = {name: form.cleaned_data[name] for name in form.changed_data}
@@ -241,46 +268,12 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     def bury_tasks(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         self._each(request, queryset, lambda tube, task: tube.bury(task.pk), "Buried %(n)d task(s).")
 
-    @admin.action(description=_("Kick (buried → ready)"), permissions=["change"])
+    @admin.action(
+        description=_("Retry: kick the selected buried tasks (buried → ready)"), permissions=["change"]
+    )
     def kick_tasks(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        # Tarantool's kick(count) takes a tube's buried tasks best first; it cannot name one.
-        # Kick exactly the selection when it is the head of that order; else say so.
-        kicked = 0
-        using = queryset.db
-        for tube in Tube.objects.using(using).filter(pk__in=queryset.values("tube_id")):
-            chosen = set(queryset.filter(tube=tube, state=BURIED).values_list("pk", flat=True))
-            if not chosen:
-                continue
-            alive = Q(ttl_at__isnull=True) | Q(ttl_at__gt=engine.DbNow())
-            order = ["pri", "id"] if tube.type in TTL_TYPES else ["id"]
-            try:
-                # The head is read under row locks, in kick()'s own transaction: nobody can
-                # bury a better task in between and have it kicked instead of the selection.
-                with engine.write_transaction(Task, using):
-                    head = list(
-                        Task.objects.using(using)
-                        .filter(alive, tube=tube, state=BURIED)
-                        .order_by(*order)
-                        .select_for_update()
-                        .values_list("pk", flat=True)[: len(chosen)]
-                    )
-                    if set(head) != chosen:
-                        raise _NotTheHead(head)
-                    kicked += tube.kick(len(chosen))
-            except _NotTheHead as error:
-                self.message_user(
-                    request,
-                    f"Tube {tube.name}: kick takes buried tasks in priority order "
-                    f"({', '.join(map(str, error.head))} first); select those, or kick from the tube's page.",
-                    messages.ERROR,
-                )
-            except TaskloopError as error:
-                self.message_user(
-                    request, f"Tube {tube.name}: {type(error).__name__}: {error}", messages.ERROR
-                )
-        self.message_user(
-            request, f"Kicked {kicked} task(s).", messages.SUCCESS if kicked else messages.WARNING
-        )
+        # Exactly the rows chosen, whatever their place in the tube's kick order.
+        self._each(request, queryset, lambda tube, task: tube.kick_task(task.pk), "Kicked %(n)d task(s).")
 
     @admin.action(description=_("Delete (delete_task)"), permissions=["delete"])
     def delete_tasks(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
@@ -355,11 +348,31 @@ def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
 class TubeAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     """Tubes, their options and a statistics page each."""
 
-    list_display = ("name", "type", "ttl", "ttr", "pri", "links", "created")
+    list_display = ("name", "running", "type", "ttl", "ttr", "pri", "links", "created")
     list_filter = ("type",)
     search_fields = ("name",)
     ordering = ("name",)
-    actions = ["kick_all"]
+    actions = ["kick_all", "pause_tubes", "resume_tubes"]
+
+    @admin.display(description=_("running"))
+    def running(self, obj: Tube) -> str:
+        return state_badge(_("paused"), "paused") if obj.paused else state_badge(_("running"), "running")
+
+    @admin.action(description=_("Pause: workers take nothing from it"), permissions=["change"])
+    def pause_tubes(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self.run_each(
+            request, queryset, lambda tube: tube.pause(), lambda t: f"tube {t.name}", "Paused %(n)d tube(s)."
+        )
+
+    @admin.action(description=_("Resume"), permissions=["change"])
+    def resume_tubes(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self.run_each(
+            request,
+            queryset,
+            lambda tube: tube.resume(),
+            lambda t: f"tube {t.name}",
+            "Resumed %(n)d tube(s).",
+        )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         # The type decides how the stored tasks are read: it cannot change under them.
@@ -397,6 +410,7 @@ class TubeAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.action(description=_("Kick every buried task"), permissions=["change"])
     def kick_all(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        # "Retry everything that failed for good" on the chosen tubes.
         kicked = 0
         for tube in queryset:
             buried = Task.objects.using(queryset.db).filter(tube=tube, state=BURIED).count()

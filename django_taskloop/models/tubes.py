@@ -1090,7 +1090,8 @@ class Task(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"task {self.pk} ({self.state})"
+        names = {READY: "ready", TAKEN: "taken", DELAYED: "delayed", BURIED: "buried", DONE: "done"}
+        return f"task {self.pk} ({names.get(self.state, self.state)})"
 
 
 class TubeStat(models.Model):

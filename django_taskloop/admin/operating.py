@@ -1,0 +1,229 @@
+"""Admin of what an operator needs beside the queues: why things failed, and who is working.
+
+- Failures: every handler failure a worker saw, filterable by kind, queue and error, each
+  linking to its item; the item's own page shows its attempts and last traceback
+  (:func:`failure_history`).
+- Workers: the worker processes alive now, on which host, since when, what each holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.text import Truncator
+from django.utils.translation import gettext_lazy as _
+
+from ..models import Failure, Job, Task, Tube, WorkerProcess
+from .base import TaskloopAdminMixin, humanize_seconds, seconds_between
+
+__all__ = ["FailureAdmin", "WorkerProcessAdmin", "failure_history", "register"]
+
+
+def failure_history(obj: Any, site_name: str = "admin") -> str:
+    """Return an item's attempts (newest first) and its last traceback, as HTML."""
+    failures = list(Failure.objects.for_item(obj)[:20])
+    if not failures:
+        return "—"
+    rows = format_html_join(
+        "",
+        "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+        (
+            (
+                f.attempt,
+                f.at.strftime("%Y-%m-%d %H:%M:%S"),
+                f.error,
+                Truncator(f.message).chars(120),
+                f.worker,
+            )
+            for f in failures
+        ),
+    )
+    return format_html(
+        '<table class="tl-attempts"><thead><tr><th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th>'
+        '</tr></thead><tbody>{}</tbody></table><p><strong>{}</strong></p><pre class="tl-traceback">{}</pre>',
+        _("attempt"),
+        _("when"),
+        _("error"),
+        _("message"),
+        _("worker"),
+        rows,
+        _("Last traceback"),
+        failures[0].traceback,
+    )
+
+
+def last_failure_note(obj: Any) -> str:
+    """Say why and when a buried task or trashed job ended there (its last failure)."""
+    failure = Failure.objects.for_item(obj).first()
+    if failure is None:
+        return ""
+    return format_html(
+        '<span class="tl-why" title="{}">{}: {}</span>',
+        failure.at.strftime("%Y-%m-%d %H:%M:%S"),
+        failure.error.rsplit(".", 1)[-1],
+        Truncator(failure.message).chars(60),
+    )
+
+
+class FailureErrorFilter(admin.SimpleListFilter):
+    """The errors seen lately (the 20 most recent kinds), without counting the whole table."""
+
+    title = _("error")
+    parameter_name = "error"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        recent = Failure.objects.order_by("-at").values_list("error", flat=True)[:2000]
+        seen: dict[str, None] = {}
+        for error in recent:
+            seen.setdefault(error, None)
+            if len(seen) >= 20:
+                break
+        return [(error, error.rsplit(".", 1)[-1]) for error in seen]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(error=self.value()) if self.value() else queryset
+
+
+class FailureQueueFilter(admin.SimpleListFilter):
+    title = _("queue")
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        queues = [
+            f"task:{name}" for name in Tube.objects.order_by("name").values_list("name", flat=True)[:100]
+        ]
+        from ..models import JobBoard
+        from .loops import loop_models
+
+        queues += [
+            f"job:{name}" for name in JobBoard.objects.order_by("name").values_list("name", flat=True)[:100]
+        ]
+        queues += [f"loop:{model._meta.label_lower}" for model in loop_models()]
+        return [(q, q) for q in queues]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if not self.value():
+            return queryset
+        kind, _sep, queue = self.value().partition(":")
+        return queryset.filter(kind=kind, queue=queue)
+
+
+class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+    """Every failure a worker saw, newest first: what failed, why, where, which attempt."""
+
+    list_display = ("at", "kind", "queue", "item_link", "attempt", "error_name", "message_preview", "worker")
+    list_filter = (FailureQueueFilter, "kind", FailureErrorFilter)
+    search_fields = ("=item",)
+    search_help_text = _("A task id, job uuid or loop id.")
+    ordering = ("-at", "-id")
+    sortable_by = ("at",)
+    readonly_fields = (
+        "kind",
+        "queue",
+        "item",
+        "attempt",
+        "worker",
+        "error",
+        "message",
+        "at",
+        "traceback_block",
+    )
+    fields = readonly_fields
+    date_hierarchy = None
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a record of what happened: read only
+
+    @admin.display(description=_("error"))
+    def error_name(self, obj: Failure) -> str:
+        return format_html('<code title="{}">{}</code>', obj.error, obj.error.rsplit(".", 1)[-1])
+
+    @admin.display(description=_("message"))
+    def message_preview(self, obj: Failure) -> str:
+        return Truncator(obj.message).chars(80)
+
+    @admin.display(description=_("item"))
+    def item_link(self, obj: Failure) -> str:
+        url = _item_url(obj, self.admin_site.name)
+        return format_html('<a href="{}">{}</a>', url, obj.item) if url else obj.item
+
+    @admin.display(description=_("traceback"))
+    def traceback_block(self, obj: Failure) -> str:
+        return format_html('<pre class="tl-traceback">{}</pre>', obj.traceback)
+
+
+def _item_url(failure: Failure, site_name: str) -> str | None:
+    try:
+        if failure.kind == "task":
+            task = (
+                Task.objects.filter(pk=int(failure.item)).only("pk").first()
+                if failure.item.isdigit()
+                else None
+            )
+            if task is not None:
+                return reverse("admin:django_taskloop_task_change", args=[task.pk], current_app=site_name)
+            return None
+        if failure.kind == "job":
+            job = Job.objects.filter(uuid=failure.item).only("pk").first()
+            if job is not None:
+                return reverse("admin:django_taskloop_job_change", args=[job.pk], current_app=site_name)
+            return None
+        app_label, _dot, model_name = failure.queue.partition(".")
+        return reverse(f"admin:{app_label}_{model_name}_change", args=[failure.item], current_app=site_name)
+    except NoReverseMatch:
+        return None
+
+
+class WorkerProcessAdmin(admin.ModelAdmin):
+    """The worker processes alive now: host, pid, since when, last heartbeat, what they hold."""
+
+    list_display = ("identity", "host", "pid", "up_for", "last_beat", "serves", "holds")
+    ordering = ("host", "pid")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).filter(pk__in=WorkerProcess.objects.alive().values("pk"))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def _now(self) -> Any:
+        from ..engine import db_now
+
+        return db_now()
+
+    @admin.display(description=_("up for"))
+    def up_for(self, obj: WorkerProcess) -> str:
+        return humanize_seconds(seconds_between(self._now(), obj.started))
+
+    @admin.display(description=_("last heartbeat"))
+    def last_beat(self, obj: WorkerProcess) -> str:
+        return format_html("{} {}", humanize_seconds(seconds_between(self._now(), obj.beat_at)), _("ago"))
+
+    @admin.display(description=_("serves"))
+    def serves(self, obj: WorkerProcess) -> str:
+        return ", ".join(obj.queues or [])
+
+    @admin.display(description=_("holds now"))
+    def holds(self, obj: WorkerProcess) -> str:
+        held = obj.holding or {}
+        return ", ".join(f"{n} of {queue}" for queue, n in held.items()) or "—"
+
+
+def register(site: admin.AdminSite) -> None:
+    for model, model_admin in ((Failure, FailureAdmin), (WorkerProcess, WorkerProcessAdmin)):
+        if not site.is_registered(model):
+            site.register(model, model_admin)

@@ -1,0 +1,146 @@
+"""The operator's admin (issue 14): failures and their tracebacks, retry the chosen item,
+pause/resume, live workers, deletes through the tube, titles and counts that say what they are."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+
+from django_taskloop.models import Failure, Job, JobBoard, Task, Tube, WorkerProcess
+
+pytestmark = pytest.mark.django_db
+
+
+def fail(kind: str, queue: str, item, attempt: int, message: str = "smtp down") -> Failure:
+    try:
+        raise ConnectionError(message)
+    except ConnectionError as error:
+        return Failure.objects.record(
+            kind=kind, queue=queue, item=item, attempt=attempt, worker="host:1", error=error
+        )
+
+
+@pytest.fixture
+def buried():
+    tube = Tube.objects.create_tube("emails", "fifottl")
+    task = tube.put({"to": "a@example.com"})
+    for attempt in (1, 2, 3):
+        fail("task", "emails", task.pk, attempt, f"smtp down {attempt}")
+    tube.bury(task.pk)
+    return tube, task
+
+
+def test_failures_list_filters_by_queue_and_error_and_links_the_item(boss, buried):
+    tube, task = buried
+    fail("job", "builds", "some-uuid", 1, "compiler crashed")
+    url = reverse("admin:django_taskloop_failure_changelist")
+    page = boss.get(url).content.decode()
+    assert page.count("smtp down") == 3 and "compiler crashed" in page
+    assert reverse("admin:django_taskloop_task_change", args=[task.pk]) in page
+    only = boss.get(url, {"queue": "task:emails"}).content.decode()
+    assert "compiler crashed" not in only and only.count("smtp down") == 3
+    by_error = boss.get(url, {"error": "builtins.ConnectionError"}).content.decode()
+    assert by_error.count("ConnectionError") >= 4
+    detail = boss.get(reverse("admin:django_taskloop_failure_change", args=[Failure.objects.first().pk]))
+    assert "Traceback (most recent call last)" in detail.content.decode()
+
+
+def test_a_tasks_page_shows_its_attempts_and_last_traceback_and_the_list_says_why_it_is_buried(boss, buried):
+    tube, task = buried
+    page = boss.get(reverse("admin:django_taskloop_task_change", args=[task.pk])).content.decode()
+    assert f"task {task.pk} (buried)" in page  # a title that says the state
+    assert page.count("ConnectionError") >= 3 and "smtp down 3" in page
+    assert "Last traceback" in page and "Traceback (most recent call last)" in page
+    listing = boss.get(reverse("admin:django_taskloop_task_changelist")).content.decode()
+    assert "ConnectionError: smtp down 3" in listing
+
+
+def test_retry_the_chosen_task_from_the_list(boss, buried):
+    tube, task = buried
+    other = tube.put({"to": "b@example.com"})
+    tube.bury(other.pk)
+    response = boss.post(
+        reverse("admin:django_taskloop_task_changelist"),
+        {"action": "kick_tasks", "_selected_action": [other.pk]},
+        follow=True,
+    )
+    assert "Kicked 1 task(s)." in response.content.decode()
+    assert tube.peek(other.pk).state == "r" and tube.peek(task.pk).state == "!"
+
+
+def test_pause_and_resume_a_tube_and_a_board(boss):
+    tube = Tube.objects.create_tube("emails", "fifottl")
+    board = JobBoard.objects.create_board("builds")
+    tubes = reverse("admin:django_taskloop_tube_changelist")
+    boss.post(tubes, {"action": "pause_tubes", "_selected_action": [tube.pk]}, follow=True)
+    assert tube.paused
+    assert "tl-paused" in boss.get(tubes).content.decode()
+    boss.post(tubes, {"action": "resume_tubes", "_selected_action": [tube.pk]}, follow=True)
+    assert not tube.paused
+    boards = reverse("admin:django_taskloop_jobboard_changelist")
+    boss.post(boards, {"action": "pause_boards", "_selected_action": [board.pk]}, follow=True)
+    assert board.paused
+    boss.post(boards, {"action": "resume_boards", "_selected_action": [board.pk]}, follow=True)
+    assert not board.paused
+
+
+def test_a_viewer_can_neither_pause_nor_retry(client, buried):
+    tube, task = buried
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    for codename in ("view_task", "view_tube", "view_failure"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client.force_login(user)
+    client.post(
+        reverse("admin:django_taskloop_tube_changelist"),
+        {"action": "pause_tubes", "_selected_action": [tube.pk]},
+    )
+    client.post(
+        reverse("admin:django_taskloop_task_changelist"),
+        {"action": "kick_tasks", "_selected_action": [task.pk]},
+    )
+    assert not tube.paused and tube.peek(task.pk).state == "!"
+    assert client.get(reverse("admin:django_taskloop_failure_changelist")).status_code == 200
+
+
+def test_deleting_a_task_from_its_page_goes_through_the_tube(boss):
+    tube = Tube.objects.create_tube("emails", "fifottl")
+    held = tube.put({"n": 1})
+    tube.take(0, consumer="worker-7")
+    url = reverse("admin:django_taskloop_task_delete", args=[held.pk])
+    confirm = boss.get(url).content.decode()
+    assert "Consumer worker-7 is working on it now" in confirm
+    boss.post(url, {"post": "yes"}, follow=True)
+    assert not Task.objects.filter(pk=held.pk).exists()
+    assert tube.statistics()["calls"]["delete"] == 1
+
+
+def test_a_job_page_shows_its_failures_and_a_trashed_job_says_why(boss):
+    board = JobBoard.objects.create_board("builds")
+    job = board.post("build-1356", {})
+    board.claim(job, "w")
+    fail("job", "builds", job.uuid, 1, "compiler crashed")
+    board.trash(job, "w")
+    page = boss.get(reverse("admin:django_taskloop_job_change", args=[job.pk])).content.decode()
+    assert "compiler crashed" in page and "Last traceback" in page
+    listing = boss.get(reverse("admin:django_taskloop_job_changelist"), {"state": "trashed"}).content.decode()
+    assert "ConnectionError: compiler crashed" in listing
+    boss.post(
+        reverse("admin:django_taskloop_job_changelist"),
+        {"action": "repost_jobs", "_selected_action": [job.pk]},
+    )
+    again = boss.post(
+        reverse("admin:django_taskloop_job_changelist"),
+        {"action": "repost_jobs", "_selected_action": [job.pk]},
+        follow=True,
+    ).content.decode()
+    assert "re-posted already" in again
+    assert Job.objects.filter(name="build-1356", trashed=False).count() == 1
+
+
+def test_workers_page_lists_live_processes_and_what_they_hold(boss):
+    WorkerProcess.objects.beat(
+        "web-1:42:worker", host="web-1", pid=42, queues=["task:emails"], holding={"task:emails": 3}
+    )
+    page = boss.get(reverse("admin:django_taskloop_workerprocess_changelist")).content.decode()
+    assert "web-1:42:worker" in page and "3 of task:emails" in page
