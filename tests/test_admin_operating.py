@@ -144,3 +144,58 @@ def test_workers_page_lists_live_processes_and_what_they_hold(boss):
     )
     page = boss.get(reverse("admin:django_taskloop_workerprocess_changelist")).content.decode()
     assert "web-1:42:worker" in page and "3 of task:emails" in page
+
+
+def test_the_dashboard_shows_throughput_failures_pauses_workers_and_is_linked_from_the_index(boss, buried):
+    from django_taskloop.models.operating import record_throughput
+
+    tube, task = buried
+    record_throughput("task", "emails", done=40, failed=3)
+    WorkerProcess.objects.beat("web-1:42:worker", host="web-1", pid=42, queues=["task:emails"], holding={})
+    Tube.objects.create_tube("empty", "fifo")
+    index = boss.get(reverse("admin:index")).content.decode()
+    assert reverse("admin:django_taskloop_dashboard") in index
+    page = boss.get(reverse("admin:django_taskloop_dashboard")).content.decode()
+    assert "Processed per minute, last hour" in page and "Processed per half hour, last day" in page
+    assert "3 failed in the last hour" in page
+    assert "web-1:42:worker" in page
+    assert "oldest ready waits" in page
+    # Pause from the dashboard, and see it marked.
+    boss.post(reverse("admin:django_taskloop_pause"), {"kind": "task", "queue": "emails", "do": "pause"})
+    assert tube.paused
+    assert (
+        'tl-state tl-paused">paused' in boss.get(reverse("admin:django_taskloop_dashboard")).content.decode()
+    )
+    boss.post(reverse("admin:django_taskloop_pause"), {"kind": "task", "queue": "emails", "do": "resume"})
+    assert not tube.paused
+    # A loop handler too.
+    boss.post(
+        reverse("admin:django_taskloop_pause"), {"kind": "loop", "queue": "testapp.intloop", "do": "pause"}
+    )
+    from tests.testapp.models import IntLoop
+
+    assert IntLoop.objects.paused()
+
+
+def test_the_dashboard_pause_needs_the_change_permission(client):
+    tube = Tube.objects.create_tube("emails", "fifottl")
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_tube"))
+    client.force_login(user)
+    page = client.get(reverse("admin:django_taskloop_dashboard")).content.decode()
+    assert 'name="do"' not in page
+    response = client.post(
+        reverse("admin:django_taskloop_pause"), {"kind": "task", "queue": "emails", "do": "pause"}
+    )
+    assert response.status_code == 403 and not tube.paused
+    assert client.get(reverse("admin:django_taskloop_pause")).status_code == 405
+
+
+def test_lists_say_estimates_and_caps_as_such(boss, settings):
+    from tests.testapp.models import IntLoop
+
+    IntLoop.objects.add(range(1, 1203))
+    page = boss.get(reverse("admin:testapp_intloop_changelist")).content.decode()
+    # SQLite has no statistics: the count stops at the cap; the servers estimate.
+    assert "≥ 1,001" in page or "~" in page
+    assert "1001 int loops" not in page

@@ -56,6 +56,9 @@ def register_all(site: admin.AdminSite) -> None:
     boards.register(site)
     tubes.register(site)
     operating.register(site)
+    if site.index_template is None:
+        # The admin index links the dashboard (a project's own index template wins).
+        site.index_template = "admin/django_taskloop/index.html"
     register_loops(site)
     loops.register_loops_when_urls_are_built(site)
 

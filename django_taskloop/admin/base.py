@@ -27,6 +27,7 @@ __all__ = [
     "humanize_seconds",
     "seconds_between",
     "state_badge",
+    "count_text",
     "until_cell",
 ]
 
@@ -117,6 +118,18 @@ class TaskloopAdminMixin:
         value = _NOW.get()
         return value if value is not None else db_now(self._alias())
 
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        changelist = super().get_changelist_instance(request)  # type: ignore[misc]
+        paginator = changelist.paginator
+        exact = getattr(paginator, "count_is_exact", True)
+        if not exact:
+            # "Select all 1001 int loops" would say a cap as if it were the total.
+            changelist.result_count = LabelledCount(
+                changelist.result_count,
+                count_text(changelist.result_count, exact, paginator.count_is_estimate),
+            )
+        return changelist
+
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         # Read the clock once, so that every row of the page is measured against one "now".
         # A context variable, not an attribute: one ModelAdmin instance serves every thread.
@@ -199,6 +212,25 @@ def dashboard_url(site: Any) -> str | None:
         return reverse("admin:django_taskloop_dashboard", current_app=site.name)
     except NoReverseMatch:  # the job boards' admin, which hosts it, is not registered
         return None
+
+
+class LabelledCount(int):
+    """A count that compares as a number and prints as what it is (``~200,000``, ``≥ 1,001``)."""
+
+    def __new__(cls, value: int, label: str) -> LabelledCount:
+        number = super().__new__(cls, value)
+        number.label = label
+        return number
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def count_text(count: int, exact: bool = True, estimate: bool = False) -> str:
+    """Say a count as what it is: exact ``1,234``, estimated ``~200,000``, or capped ``≥ 5,000``."""
+    if estimate:
+        return f"~{count:,}"
+    return f"{count:,}" if exact else f"≥ {count:,}"
 
 
 def state_badge(label: str, css: str) -> str:

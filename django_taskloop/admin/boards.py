@@ -436,7 +436,7 @@ class JobBoardAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         )
 
     def get_urls(self) -> list[Any]:
-        from .dashboard import dashboard_view
+        from .dashboard import dashboard_view, pause_view
 
         site = self.admin_site
         return [
@@ -445,6 +445,11 @@ class JobBoardAdmin(TaskloopAdminMixin, admin.ModelAdmin):
                 "dashboard/",
                 site.admin_view(lambda request: dashboard_view(request, site)),
                 name="django_taskloop_dashboard",
+            ),
+            path(
+                "dashboard/pause/",
+                site.admin_view(lambda request: pause_view(request, site)),
+                name="django_taskloop_pause",
             ),
             *super().get_urls(),
         ]

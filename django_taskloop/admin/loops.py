@@ -20,6 +20,7 @@ from rangefilter.filters import DateTimeRangeFilterBuilder
 from ..engine import DbNow, db_now
 from .base import (
     TaskloopAdminMixin,
+    count_text,
     dashboard_url,
     humanize_seconds,
     seconds_between,
@@ -120,7 +121,10 @@ def loop_overview(
 
 def depth_chart(depth: dict[str, tuple[int, bool]], title: str) -> Any:
     return bar_chart(
-        [(name if exact else f"{name} (capped)", count) for name, (count, exact) in depth.items()],
+        [
+            (name if exact else f"{name} ({count_text(count, exact)})", count)
+            for name, (count, exact) in depth.items()
+        ],
         title=title,
     )
 
