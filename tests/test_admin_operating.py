@@ -199,3 +199,58 @@ def test_lists_say_estimates_and_caps_as_such(boss, settings):
     # SQLite has no statistics: the count stops at the cap; the servers estimate.
     assert "≥ 1,001" in page or "~" in page
     assert "1001 int loops" not in page
+
+
+def test_viewing_a_tubes_statistics_changes_nothing(boss):
+    import time
+
+    tube = Tube.objects.create_tube("t", "fifottl", ttr=0.05)
+    tube.put("x")
+    taken = tube.take(0, consumer="w1")
+    time.sleep(0.1)  # its ttr ran out: only a verb, a worker or reap_locks may free it
+    page = boss.get(reverse("admin:django_taskloop_tube_stats", args=[tube.pk])).content.decode()
+    assert Task.objects.get(pk=taken.pk).state == "t"
+    assert "tasks.overdue" in page
+    boss.get(reverse("admin:django_taskloop_dashboard"))
+    boss.get(reverse("admin:django_taskloop_task_changelist"))
+    assert Task.objects.get(pk=taken.pk).state == "t"
+
+
+def test_a_loop_ids_page_shows_its_failures(boss):
+    from tests.testapp.models import IntLoop
+
+    IntLoop.objects.add([5])
+    fail("loop", "testapp.intloop", 5, 1, "feed unreachable")
+    page = boss.get(reverse("admin:testapp_intloop_change", args=[5])).content.decode()
+    assert "feed unreachable" in page and "Last traceback" in page
+
+
+def test_retry_from_the_items_page(boss, buried):
+    tube, task = buried
+    page = boss.get(reverse("admin:django_taskloop_task_change", args=[task.pk])).content.decode()
+    assert "Retry: kick this task" in page
+    assert boss.get(reverse("admin:django_taskloop_task_retry", args=[task.pk])).status_code == 405
+    boss.post(reverse("admin:django_taskloop_task_retry", args=[task.pk]), follow=True)
+    assert tube.peek(task.pk).state == "r"
+    page = boss.get(reverse("admin:django_taskloop_task_change", args=[task.pk])).content.decode()
+    assert "Retry: kick this task" not in page  # ready now: nothing to retry
+    board = JobBoard.objects.create_board("builds")
+    job = board.post("b", {})
+    board.claim(job, "w")
+    board.trash(job, "w")
+    boss.post(reverse("admin:django_taskloop_job_retry", args=[job.pk]), follow=True)
+    job.refresh_from_db()
+    assert job.reposted_as
+
+
+def test_a_viewer_cannot_retry_from_the_items_page(client, buried):
+    tube, task = buried
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_task"))
+    client.force_login(user)
+    assert (
+        "Retry"
+        not in client.get(reverse("admin:django_taskloop_task_change", args=[task.pk])).content.decode()
+    )
+    assert client.post(reverse("admin:django_taskloop_task_retry", args=[task.pk])).status_code == 403
+    assert tube.peek(task.pk).state == "!"

@@ -118,6 +118,54 @@ class TaskloopAdminMixin:
         value = _NOW.get()
         return value if value is not None else db_now(self._alias())
 
+    change_form_template = "admin/django_taskloop/change_form.html"
+
+    def get_retry(self, obj: Any) -> tuple[str, Callable[[], Any]] | None:
+        """Return ``(button label, verb)`` to retry ``obj`` from its page, or ``None``."""
+        return None
+
+    def get_urls(self) -> list[Any]:
+        from django.urls import path
+
+        site = self.admin_site  # type: ignore[attr-defined]
+        return [
+            path("<path:object_id>/retry/", site.admin_view(self.retry_view), name=self.url_name("retry")),
+            *super().get_urls(),  # type: ignore[misc]
+        ]
+
+    def retry_view(self, request: HttpRequest, object_id: str) -> Any:
+        """Retry the item whose page this is (POST, with the change permission)."""
+        from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
+
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        obj = self.get_object(request, object_id)  # type: ignore[attr-defined]
+        if obj is None:
+            raise Http404(object_id)
+        self.require(request, "change", obj)
+        retry = self.get_retry(obj)
+        if retry is None:
+            self.message_user(request, _("There is nothing to retry here."), messages.ERROR)  # type: ignore[attr-defined]
+        else:
+            label, verb = retry
+            self.run_verb(request, verb, lambda _result: f"{label}: done.")
+        return HttpResponseRedirect(self.admin_url("change", obj.pk))
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: Any = None,
+    ) -> Any:
+        extra_context = dict(extra_context or {})
+        if object_id is not None:
+            obj = self.get_object(request, object_id)  # type: ignore[attr-defined]
+            retry = self.get_retry(obj) if obj is not None else None
+            if retry is not None and self.has_change_permission(request, obj):  # type: ignore[attr-defined]
+                extra_context["taskloop_retry"] = (retry[0], self.admin_url("retry", obj.pk))
+        return super().changeform_view(request, object_id, form_url, extra_context)  # type: ignore[misc]
+
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         changelist = super().get_changelist_instance(request)  # type: ignore[misc]
         paginator = changelist.paginator

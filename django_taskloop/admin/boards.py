@@ -245,6 +245,11 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         (_("Attempts and failures"), {"fields": ("attempts", "failures")}),
     )
 
+    def get_retry(self, obj: Any) -> Any:
+        if obj.trashed and not obj.reposted_as:
+            return (str(_("Retry: re-post this job")), lambda: obj.board.repost(obj))
+        return None
+
     @admin.display(description=_("attempts and failures"))
     def failures(self, obj: Any) -> str:
         return failure_history(obj, self.admin_site.name)

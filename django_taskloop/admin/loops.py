@@ -196,7 +196,20 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         return False
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return [field.name for field in self.model._meta.fields] + ["loop_state", "lock_ends"]
+        return [field.name for field in self.model._meta.fields] + ["loop_state", "lock_ends", "failures"]
+
+    def get_retry(self, obj: Any) -> Any:
+        # A loop id never gives up; "retry" is to run it at once (bump it to now).
+        return (
+            str(_("Retry now: bump this id")),
+            lambda: type(obj).objects.bump(obj.pk, lock_for=0, auto_add=False),
+        )
+
+    @admin.display(description=_("attempts and failures"))
+    def failures(self, obj: Any) -> str:
+        from .operating import failure_history
+
+        return failure_history((type(obj), obj.pk), self.admin_site.name)
 
     @admin.display(description=_("id"), ordering="pk")
     def pk_display(self, obj: Any) -> Any:

@@ -220,6 +220,11 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     def data_preview(self, obj: Task) -> str:
         return Truncator(json.dumps(obj.data, ensure_ascii=False)).chars(40)
 
+    def get_retry(self, obj: Task) -> Any:
+        if obj.state == BURIED:
+            return (str(_("Retry: kick this task")), lambda: obj.tube.kick_task(obj.pk))
+        return None
+
     @admin.display(description=_("attempts and failures"))
     def failures(self, obj: Task) -> str:
         return failure_history(obj, self.admin_site.name)
@@ -326,7 +331,8 @@ def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
     depth = tube_depth(tube, STATE_COUNT_CAP)
     counted = all(is_exact for _count, is_exact in depth.values())
     if exact or counted:
-        stats = tube.statistics()
+        # A page view only reads: overdue tasks are shown as overdue, not freed.
+        stats = tube.statistics(apply_transitions=False)
         counted = True
     else:
         columns = {name: ("deleted" if name == "delete" else name) for name in CALLS}

@@ -1001,9 +1001,16 @@ class Tube(models.Model):
         _callbacks.pop((self._using, self.pk), None)
         return True
 
-    def statistics(self) -> dict[str, dict[str, int]]:
-        """Return Tarantool's statistics: ``{"tasks": {...}, "calls": {...}}``."""
-        self.tidy()
+    def statistics(self, *, apply_transitions: bool = True) -> dict[str, dict[str, int]]:
+        """Return Tarantool's statistics: ``{"tasks": {...}, "calls": {...}}``.
+
+        Like Tarantool, it first applies the transitions that are due (delays and ttrs that ran
+        out, dead consumers' tasks). ``apply_transitions=False`` only reads — what a page view
+        wants: tasks whose timer ran out are then still counted where they are, and
+        ``tasks["overdue"]`` says how many of them there are.
+        """
+        if apply_transitions:
+            self.tidy()
         by_state = dict(
             self._tasks().order_by().values("state").annotate(n=Count("pk")).values_list("state", "n")
         )
@@ -1021,6 +1028,13 @@ class Tube(models.Model):
             "done": int(sums["done"] or 0),
         }
         tasks["total"] = tasks["taken"] + tasks["buried"] + tasks["ready"] + tasks["delayed"]
+        if not apply_transitions:
+            tasks["overdue"] = (
+                self._tasks()
+                .filter(state__in=[TAKEN, DELAYED], event_at__lte=engine.DbNow())
+                .order_by()
+                .count()
+            )
         calls = {name: int(sums[_COLUMN[name]] or 0) for name in CALLS}
         return {"tasks": tasks, "calls": calls}
 
