@@ -58,7 +58,9 @@ def test_system_exit_and_keyboard_interrupt_end_failed_and_the_worker_carries_on
     after.refresh()
     assert after.return_value == 2
     # The operator's Failures list has both, with the task's own exception.
-    errors = sorted(Failure.objects.filter(kind="task", queue="tasks.default").values_list("error", flat=True))
+    errors = sorted(
+        Failure.objects.filter(kind="task", queue="tasks.default").values_list("error", flat=True)
+    )
     assert errors == ["builtins.KeyboardInterrupt", "builtins.SystemExit"]
     # Counted as failed, not as done; the tube tasks are all settled.
     assert "summary tasks.default: 1 done, 2 failed" in run.stderr

@@ -48,6 +48,7 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
     cards: list[dict[str, Any]] = []
     oldest: list[tuple[str, float]] = []
     depth_totals: dict[str, int] = {}
+    capped: set[str] = set()  # totals that include a count stopped at the cap
     for model in loop_models():
         if not _can_view(request, site, model):
             continue
@@ -55,8 +56,10 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
         stats = overview["stats"]
         depth = overview["depth"]
         label = str(model._meta.verbose_name_plural)
-        for state, (count, _exact) in depth.items():
+        for state, (count, exact) in depth.items():
             depth_totals[f"loop {state}"] = depth_totals.get(f"loop {state}", 0) + count
+            if not exact:
+                capped.add(f"loop {state}")
         empty = not any(count for count, _exact in depth.values())
         if not empty:
             oldest.append((label, stats["max_bump_time"]))
@@ -133,8 +136,10 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
     if _can_view(request, site, Tube):
         for tube in Tube.objects.all()[:MAX_QUEUES]:
             depth = tube_depth(tube, DASHBOARD_COUNT_CAP)
-            for state, (count, _exact) in depth.items():
+            for state, (count, exact) in depth.items():
                 depth_totals[f"task {state}"] = depth_totals.get(f"task {state}", 0) + count
+                if not exact:
+                    capped.add(f"task {state}")
             # The head of the claim order: the task the next take gets, and how long it waited.
             head = (
                 tube._tasks()
@@ -197,7 +202,13 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
     cards.sort(key=lambda card: bool(card.get("empty")))
     summary = []
     if depth_totals:
-        summary.append(bar_chart(list(depth_totals.items()), title=_("Everything, by state"), width=520))
+        summary.append(
+            bar_chart(
+                [(f"{name} (≥)" if name in capped else name, n) for name, n in depth_totals.items()],
+                title=_("Everything, by state (≥: counting stopped there)"),
+                width=520,
+            )
+        )
     if oldest:
         summary.append(
             bar_chart(

@@ -121,13 +121,13 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     """Tasks of every tube, with Tarantool's verbs as actions."""
 
     form = TaskForm
-    # Nine columns fit 1280 px with room for the data; utube and ttl are on each task's page.
+    # Eight columns fit 1280 px with room for the data (the holder shows in the state cell;
+    # utube and ttl are on each task's page).
     list_display = (
         "id",
         "task_state",
         "tube_name",
         "pri",
-        "owner",
         "attempts",
         "deadline",
         "age",
@@ -198,11 +198,16 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             return format_html("{} <small>{}</small>", state_badge(_(name), name), _("overdue"))
         if obj.state == BURIED:
             return format_html("{} {}", state_badge(_(name), name), last_failure_note(obj))
+        if obj.state == TAKEN and obj.owner:
+            return format_html(
+                '{} <small class="tl-why">{} {}</small>', state_badge(_(name), name), _("by"), obj.owner
+            )
         return state_badge(_(name), name)
 
     @admin.display(description=_("tube"))
     def tube_name(self, obj: Task) -> str:
-        return names_of(Tube, obj.tube_id)
+        # The name alone ("emails", not "emails (fifottl)"): the type is on the tube's page.
+        return names_of(Tube, obj.tube_id).rsplit(" (", 1)[0]
 
     @admin.display(description=_("next event"))
     def deadline(self, obj: Task) -> str:

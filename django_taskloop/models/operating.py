@@ -406,6 +406,8 @@ class WorkerProcess(models.Model):
     class Meta:
         app_label = "django_taskloop"
         db_table = "taskloop_worker_process"
+        verbose_name = "worker process"
+        verbose_name_plural = "worker processes"
         indexes = [models.Index(fields=["beat_at"], name="taskloop_worker_beat")]
 
     def __str__(self) -> str:

@@ -201,3 +201,112 @@ def test_operate_the_queues_from_the_admin(page: Any) -> None:
     assert Job.objects.get(pk=reposted.pk).details == {"env": "prod"}
     page.goto(f"{base}/admin/django_taskloop/tube/")
     shot(page, "17-tube-list")
+
+
+def _burst(*names: str) -> None:
+    from tests.workers_util import run_workers
+
+    args = [arg for name in names for arg in ("--only", name)]
+    done = run_workers(
+        "--burst",
+        *args,
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES='{"RETRY_BACKOFF": 0.2, "MAX_ATTEMPTS": 3}',
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_operator_finds_why_a_task_failed_pauses_retries_and_resumes(page: Any) -> None:
+    """Issue 14's story at 1280 px: a task fails three times and is buried; the operator finds
+    it from the dashboard, reads the traceback, pauses the tube, retries that one task,
+    resumes, and watches throughput move."""
+    from tests.testapp.models import WorkLog
+
+    page.set_viewport_size({"width": 1280, "height": 900})
+    User.objects.create_superuser("admin", "admin@example.com", "correct horse")
+    # Realistic volume beside the story: a big loop (its counts are estimates or caps).
+    IntLoop.objects.add(range(1, 200_001))
+    tube = Tube.objects.create_tube("w-flaky", "fifottl")
+    doomed = tube.put({"to": "a@example.com"})
+    for n in range(20):
+        tube.put({"to": f"user{n}@example.com"}, pri=5)
+    WorkLog.objects.create(kind="fixed", key="later", pid=0, at=0)  # the first 20 go through
+    _burst("w-flaky")
+    WorkLog.objects.filter(kind="fixed").delete()  # the mail server goes down
+    assert not Task.objects.filter(pk=doomed.pk).exists()  # sent while the server was up
+    doomed = tube.put({"to": "ceo@example.com"})
+    for _ in range(20):  # retried with a growing delay, then buried after 3 attempts
+        _burst("w-flaky")
+        if tube.peek(doomed.id).state == "!":
+            break
+        time.sleep(0.3)
+    assert tube.peek(doomed.id).state == "!"
+
+    base = page.base_url
+    page.goto(f"{base}/admin/login/?next=/admin/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "correct horse")
+    page.click('input[type="submit"]')
+    page.wait_for_url("**/admin/")
+    # The admin index links the dashboard.
+    page.click("text=Task loop dashboard")
+    page.wait_for_url("**/dashboard/")
+    card = page.locator('section[data-queue="w-flaky"]')
+    assert "3 failed in the last hour" in card.inner_text()
+    assert "Processed per minute, last hour" in page.content()
+    loop_card = page.locator('section[data-queue="int loops"]').inner_text()
+    assert "≥" in loop_card or "~" in loop_card  # capped counts say so
+    shot(page, "20-operator-dashboard")
+
+    # From the dashboard to the failures of that tube, then to the task.
+    card.locator("a.tl-failures").click()
+    page.wait_for_url("**/failure/**")
+    rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 3
+    assert "smtp.example.com refused" in page.inner_text("#result_list")
+    shot(page, "21-failures")
+    rows.first.locator(f'a:text-is("{doomed.id}")').click()
+    page.wait_for_url(f"**/task/{doomed.id}/change/")
+    assert f"task {doomed.id} (buried)" in page.inner_text("#content")
+    assert "Traceback (most recent call last)" in page.inner_text("pre.tl-traceback")
+    assert "ConnectionError" in page.inner_text("table.tl-attempts")
+    shot(page, "22-task-traceback")
+
+    # Pause the tube from the dashboard, retry the one task, see that nothing takes it.
+    page.goto(f"{base}/admin/django_taskloop/jobboard/dashboard/")
+    page.locator('section[data-queue="w-flaky"] button[value="pause"]').click()
+    page.wait_for_load_state()
+    assert "paused" in page.locator('section[data-queue="w-flaky"] h2').inner_text()
+    shot(page, "23-tube-paused")
+    WorkLog.objects.create(kind="fixed", key="now", pid=0, at=0)  # the mail server is back
+    page.goto(f"{base}/admin/django_taskloop/task/{doomed.id}/change/")
+    page.click("text=Retry: kick this task")
+    page.wait_for_load_state()
+    assert "done" in page.inner_text("ul.messagelist")
+    assert tube.peek(doomed.id).state == "r"
+    _burst("w-flaky")
+    assert tube.peek(doomed.id).state == "r"  # paused: no worker took it
+    shot(page, "24-task-retried-while-paused")
+
+    # Resume; the worker sends it; throughput moves.
+    page.goto(f"{base}/admin/django_taskloop/jobboard/dashboard/")
+    page.locator('section[data-queue="w-flaky"] button[value="resume"]').click()
+    page.wait_for_load_state()
+    _burst("w-flaky")
+    assert not Task.objects.filter(pk=doomed.pk).exists()
+    page.reload()
+    tips = page.eval_on_selector_all("svg.tl-chart rect title", "els => els.map(e => e.textContent)")
+    assert any(" done" in tip and not tip.split(": ")[1].startswith("0 done") for tip in tips)
+    shot(page, "25-throughput-after-resume")
+    for n in range(30):
+        tube.put({"to": f"reader{n}@example.com", "subject": "Your weekly digest of new articles"}, pri=n % 3)
+    tube.take_many(3, consumer="mailer-7")
+    page.goto(f"{base}/admin/django_taskloop/task/?tube__id__exact={tube.pk}")
+    # Nine columns at 1280 px: the data column keeps room.
+    data = page.locator("#result_list td.field-data_preview").first.bounding_box()
+    table = page.locator("#changelist .results").bounding_box()
+    assert data["width"] >= 140 and data["x"] + data["width"] <= table["x"] + table["width"] + 1
+    shot(page, "26-task-list-1280")
+    page.goto(f"{base}/admin/testapp/intloop/")
+    assert "int loops" in page.inner_text("p.paginator")
+    shot(page, "27-big-loop-list")

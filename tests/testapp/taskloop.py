@@ -67,3 +67,11 @@ _record_file = open(os.environ.get("TASKLOOP_TEST_RECORD") or os.devnull, "a")  
 record = loop(WorkerLoop, batch=3000, lock_for=60, name="w-loop-record")(
     functools.partial(print, file=_record_file, flush=True)
 )
+
+
+@tube("w-flaky", batch=5)
+def flaky(task: Any) -> None:
+    """Fails until someone "fixes" it (a WorkLog row of kind "fixed"): the operator's story."""
+    if not WorkLog.objects.filter(kind="fixed").exists():
+        raise ConnectionError(f"smtp.example.com refused task {task.id}")
+    log("flaky", task.id)
