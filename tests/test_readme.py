@@ -138,7 +138,8 @@ def test_readme_examples_run_as_written_in_a_fresh_project(tmp_path):
             "shell", "-c", "from django_taskloop.models import Tube; Tube.objects.get(name='emails').put({})"
         )
         done = manage("workers", "--burst", "--only", "emails")
-        assert "summary emails: 1 done, 0 failed" in done, done
+        summary = re.search(r"summary emails: (\d+) done, 0 failed", done)
+        assert summary and int(summary.group(1)) >= 1, done
         # The README's create_tube() and @tube() ask for the same options: no mismatch warning.
         assert "already exists with" not in done, done
     finally:

@@ -116,7 +116,8 @@ class FailureQueueFilter(admin.SimpleListFilter):
 class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     """Every failure a worker saw, newest first: what failed, why, where, which attempt."""
 
-    list_display = ("at", "kind", "queue", "item_link", "attempt", "error_name", "message_preview", "worker")
+    # Six columns leave the message readable at 1280 px; the worker is on each failure's page.
+    list_display = ("at", "where", "item_link", "attempt", "error_name", "message_preview")
     list_filter = (FailureQueueFilter, "kind", FailureErrorFilter)
     search_fields = ("=item",)
     search_help_text = _("A task id, job uuid or loop id.")
@@ -141,6 +142,10 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a record of what happened: read only
+
+    @admin.display(description=_("queue"))
+    def where(self, obj: Failure) -> str:
+        return format_html("<small>{}</small> {}", obj.kind, obj.queue)
 
     @admin.display(description=_("error"))
     def error_name(self, obj: Failure) -> str:
