@@ -109,6 +109,57 @@ def fill(rows: int) -> None:
             )
         if have_loop < rows or have_tasks < rows:
             print(f"filled {rows:,} loop rows and {rows:,} tasks in {time.perf_counter() - started:.0f} s")
+        # What workers leave for the operator: 50,000 failures, two days of throughput, a few
+        # live worker processes.
+        from django_taskloop.models import Failure, Throughput, WorkerProcess
+
+        if Failure.objects.count() < 50_000:
+            import datetime as dt
+
+            from django_taskloop.engine import db_now
+
+            now = db_now()
+            Failure.objects.bulk_create(
+                [
+                    Failure(
+                        kind="task",
+                        queue="bench",
+                        item=str(n),
+                        attempt=n % 5 + 1,
+                        worker=f"host-{n % 4}:{1000 + n % 8}:worker",
+                        error=["builtins.ConnectionError", "builtins.TimeoutError", "builtins.KeyError"][
+                            n % 3
+                        ],
+                        message=f"failure {n}",
+                        traceback="Traceback (most recent call last):\n  ...\nConnectionError: failure",
+                        at=now - dt.timedelta(seconds=n % 86400),
+                    )
+                    for n in range(50_000)
+                ],
+                batch_size=2000,
+            )
+            Throughput.objects.bulk_create(
+                [
+                    Throughput(
+                        kind="task",
+                        queue="bench",
+                        minute=(now - dt.timedelta(minutes=m)).replace(second=0, microsecond=0),
+                        done=900,
+                        failed=m % 7,
+                    )
+                    for m in range(2880)
+                ],
+                batch_size=2000,
+                ignore_conflicts=True,
+            )
+            for n in range(8):
+                WorkerProcess.objects.beat(
+                    f"host-{n % 4}:{1000 + n}:worker",
+                    host=f"host-{n % 4}",
+                    pid=1000 + n,
+                    queues=["task:bench", "loop:testapp.intloop"],
+                    holding={"task:bench": n * 10},
+                )
         for table in (loop_table, task_table):
             cursor.execute(f"ANALYZE {table}" if vendor == "postgresql" else f"ANALYZE TABLE {table}")
             if vendor != "postgresql":
@@ -122,6 +173,7 @@ def pages() -> list[tuple[str, str]]:
 
     tube = Tube.objects.get(name="bench")
     board = JobBoard.objects.get(name="bench")
+    first_task = tube.tasks.order_by("id").values_list("id", flat=True).first()
     loop = reverse("admin:testapp_intloop_changelist")
     tasks = reverse("admin:django_taskloop_task_changelist")
     t = f"tube__id__exact={tube.pk}"
@@ -176,6 +228,15 @@ def pages() -> list[tuple[str, str]]:
         ("tube: stats", reverse("admin:django_taskloop_tube_stats", args=[tube.pk])),
         ("jobs: list", reverse("admin:django_taskloop_job_changelist")),
         ("board: stats", reverse("admin:django_taskloop_jobboard_stats", args=[board.pk])),
+        ("failures: list", reverse("admin:django_taskloop_failure_changelist")),
+        ("failures: queue", reverse("admin:django_taskloop_failure_changelist") + "?queue=task:bench"),
+        (
+            "failures: error",
+            reverse("admin:django_taskloop_failure_changelist") + "?error=builtins.KeyError",
+        ),
+        ("task: page with failures", reverse("admin:django_taskloop_task_change", args=[first_task])),
+        ("workers", reverse("admin:django_taskloop_workerprocess_changelist")),
+        ("metrics", "/taskloop/metrics"),
     ]
 
 

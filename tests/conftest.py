@@ -129,3 +129,13 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     for line in _BROWSER_MISSING:
         terminalreporter.write_line(line, yellow=True)
+
+
+@pytest.fixture(autouse=True)
+def _forget_cached_pauses() -> Any:
+    """Workers trust a pause they read for half a second; tests roll back in less than that."""
+    from django_taskloop.models import operating
+
+    operating._pause_cache.clear()
+    yield
+    operating._pause_cache.clear()

@@ -254,3 +254,27 @@ def test_a_viewer_cannot_retry_from_the_items_page(client, buried):
     )
     assert client.post(reverse("admin:django_taskloop_task_retry", args=[task.pk])).status_code == 403
     assert tube.peek(task.pk).state == "!"
+
+
+def test_paused_queues_are_marked_on_their_lists(boss):
+    from tests.testapp.models import IntLoop
+
+    tube = Tube.objects.create_tube("emails", "fifottl")
+    tube.pause()
+    page = boss.get(
+        reverse("admin:django_taskloop_task_changelist"), {"tube__id__exact": tube.pk}
+    ).content.decode()
+    assert "Tube emails is paused" in page
+    board = JobBoard.objects.create_board("builds")
+    board.pause()
+    page = boss.get(
+        reverse("admin:django_taskloop_job_changelist"), {"board__id__exact": board.pk}
+    ).content.decode()
+    assert "Board builds is paused" in page
+    IntLoop.objects.pause()
+    assert (
+        "Workers are paused on this loop"
+        in boss.get(reverse("admin:testapp_intloop_changelist")).content.decode()
+    )
+    IntLoop.objects.resume()
+    assert "Workers are paused" not in boss.get(reverse("admin:testapp_intloop_changelist")).content.decode()

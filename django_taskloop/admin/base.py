@@ -120,6 +120,10 @@ class TaskloopAdminMixin:
 
     change_form_template = "admin/django_taskloop/change_form.html"
 
+    def get_paused_note(self, request: HttpRequest) -> str | None:
+        """Return a note for the top of the list when what it shows is paused, else ``None``."""
+        return None
+
     def get_retry(self, obj: Any) -> tuple[str, Callable[[], Any]] | None:
         """Return ``(button label, verb)`` to retry ``obj`` from its page, or ``None``."""
         return None
@@ -183,7 +187,11 @@ class TaskloopAdminMixin:
         # A context variable, not an attribute: one ModelAdmin instance serves every thread.
         token = _NOW.set(self.db_now(request))
         names = _NAMES.set({})
-        extra_context = {"taskloop_links": self.get_taskloop_links(request), **(extra_context or {})}
+        extra_context = {
+            "taskloop_links": self.get_taskloop_links(request),
+            "taskloop_paused": self.get_paused_note(request),
+            **(extra_context or {}),
+        }
         try:
             response = super().changelist_view(request, extra_context)  # type: ignore[misc]
             # Render here, while "now" is set: the columns are computed while rendering.

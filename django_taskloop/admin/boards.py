@@ -245,6 +245,15 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         (_("Attempts and failures"), {"fields": ("attempts", "failures")}),
     )
 
+    def get_paused_note(self, request: HttpRequest) -> str | None:
+        board = JobBoard.objects.filter(pk=request.GET.get("board__id__exact") or None).first()
+        if board is not None and board.paused:
+            return str(
+                _("Board %(name)s is paused: claim_next hands out nothing until it is resumed.")
+                % {"name": board.name}
+            )
+        return None
+
     def get_retry(self, obj: Any) -> Any:
         if obj.trashed and not obj.reposted_as:
             return (str(_("Retry: re-post this job")), lambda: obj.board.repost(obj))

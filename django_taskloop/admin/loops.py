@@ -198,6 +198,11 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return [field.name for field in self.model._meta.fields] + ["loop_state", "lock_ends", "failures"]
 
+    def get_paused_note(self, request: HttpRequest) -> str | None:
+        if self.model._default_manager.paused():
+            return str(_("Workers are paused on this loop: resume it from the dashboard."))
+        return None
+
     def get_retry(self, obj: Any) -> Any:
         # A loop id never gives up; "retry" is to run it at once (bump it to now).
         return (

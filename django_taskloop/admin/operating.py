@@ -63,10 +63,12 @@ def last_failure_note(obj: Any) -> str:
     if failure is None:
         return ""
     return format_html(
-        '<span class="tl-why" title="{}">{}: {}</span>',
+        '<span class="tl-why" title="{}">{}: {} <span class="tl-when">({} {})</span></span>',
         failure.at.strftime("%Y-%m-%d %H:%M:%S"),
         failure.error.rsplit(".", 1)[-1],
         Truncator(failure.message).chars(60),
+        _("attempt %(n)s,") % {"n": failure.attempt},
+        failure.at.strftime("%b %d %H:%M"),
     )
 
 

@@ -225,6 +225,14 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     def data_preview(self, obj: Task) -> str:
         return Truncator(json.dumps(obj.data, ensure_ascii=False)).chars(40)
 
+    def get_paused_note(self, request: HttpRequest) -> str | None:
+        tube = Tube.objects.filter(pk=request.GET.get("tube__id__exact") or None).first()
+        if tube is not None and tube.paused:
+            return str(
+                _("Tube %(name)s is paused: no task is handed out until it is resumed.") % {"name": tube.name}
+            )
+        return None
+
     def get_retry(self, obj: Task) -> Any:
         if obj.state == BURIED:
             return (str(_("Retry: kick this task")), lambda: obj.tube.kick_task(obj.pk))
