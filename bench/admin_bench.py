@@ -96,13 +96,13 @@ def fill(rows: int) -> None:
             cursor.execute(f"DELETE FROM {task_table}")
             # 90 % ready, 5 % taken, 3 % delayed, 2 % buried; priorities 0-9; a ttl on a third.
             cursor.execute(
-                f"INSERT INTO {task_table} (tube_id, state, pri, owner, ttl_at, event_at, ttr, created, data) "
+                f"INSERT INTO {task_table} (tube_id, state, pri, owner, ttl_at, event_at, ttr, created, data, attempts) "
                 f"SELECT %(tube)s, CASE WHEN {g} %% 100 < 90 THEN 'r' WHEN {g} %% 100 < 95 THEN 't' "
                 f"WHEN {g} %% 100 < 98 THEN '~' ELSE '!' END, {g} %% 10, "
                 f"CASE WHEN {g} %% 100 >= 90 AND {g} %% 100 < 95 THEN CONCAT('worker-', {g} %% 8) ELSE NULL END, "
                 f"CASE WHEN {g} %% 3 = 0 THEN {ahead} + INTERVAL '1 day' ELSE NULL END, "
                 f"CASE WHEN {g} %% 100 >= 90 AND {g} %% 100 < 98 THEN {ahead} ELSE NULL END, "
-                f"600, {ago}, {data} FROM {series}".replace(
+                f"600, {ago}, {data}, {g} %% 4 FROM {series}".replace(
                     "INTERVAL '1 day'", "INTERVAL '1 day'" if vendor == "postgresql" else "INTERVAL 1 DAY"
                 ),
                 {"rows": rows, "tube": tube.pk},
