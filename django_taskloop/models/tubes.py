@@ -181,6 +181,19 @@ def _check_lifetime(value: Any, name: str) -> float | None:
     return check_seconds(value, name, allow_none=True, positive=True)
 
 
+def _check_put_options(pri: Any, ttl: Any, ttr: Any, delay: Any, utube: Any) -> tuple[Any, ...]:
+    """Check the options of ``put``/``put_many``; return them as ``(pri, ttl, ttr, delay, utube)``."""
+    pri = _check_pri(pri)
+    ttl = _check_lifetime(ttl, "ttl")
+    ttr = _check_lifetime(ttr, "ttr")
+    delay = check_seconds(delay, "delay", allow_none=True)
+    if utube is not None:
+        utube = check_text(str(utube), "utube")
+        if len(utube) > 255:
+            raise ValueError(f"utube must be at most 255 characters, not {len(utube)}")
+    return pri, ttl, ttr, delay, utube
+
+
 def _check_task_id(task_id: Any) -> int:
     if isinstance(task_id, Task):
         task_id = task_id.pk
@@ -557,29 +570,8 @@ class Tube(models.Model):
     ) -> Task:
         """Add a task holding ``data`` (any JSON value) and return it (ready, or delayed)."""
         check_json(data, "data")
-        pri = _check_pri(pri)
-        ttl = _check_lifetime(ttl, "ttl")
-        ttr = _check_lifetime(ttr, "ttr")
-        delay = check_seconds(delay, "delay", allow_none=True)
-        if utube is not None:
-            utube = check_text(str(utube), "utube")
-            if len(utube) > 255:
-                raise ValueError(f"utube must be at most 255 characters, not {len(utube)}")
-        task = Task(tube_id=self.pk, data=data, state=READY)
-        if self._is_utube:
-            task.utube = utube
-        if self._has_ttl:
-            task.pri = pri if pri is not None else (self.pri or 0)
-            ttl = ttl if ttl is not None else self.ttl
-            # The default ttr is the tube's ttr, else the tube's ttl (not the task's ttl).
-            task.ttr = ttr if ttr is not None else (self.ttr if self.ttr is not None else self.ttl)
-            delay = delay if delay and delay > 0 else 0.0
-            if delay:
-                task.state = DELAYED
-                task.event_at = engine.DbNow(delay)
-            if ttl is not None:
-                # A delay extends the lifetime: a delayed task lives delay + ttl.
-                task.ttl_at = engine.DbNow(min(ttl + delay, MAX_SECONDS))
+        options = _check_put_options(pri, ttl, ttr, delay, utube)
+        task = self._new_task(data, *options, at=engine.DbNow)
 
         def work() -> Task:
             self._count(put=1)
@@ -597,6 +589,27 @@ class Tube(models.Model):
         if self._has_ttl:
             # Read back the deadlines the database computed.
             task.refresh_from_db(using=self._using, fields=["ttl_at", "event_at"])
+        return task
+
+    def _new_task(
+        self, data: Any, pri: Any, ttl: Any, ttr: Any, delay: Any, utube: Any, *, at: Callable[[float], Any]
+    ) -> Task:
+        """Build (not save) a task as ``put`` makes it; ``at(seconds)`` gives "now + seconds"."""
+        task = Task(tube_id=self.pk, data=data, state=READY)
+        if self._is_utube:
+            task.utube = utube
+        if self._has_ttl:
+            task.pri = pri if pri is not None else (self.pri or 0)
+            ttl = ttl if ttl is not None else self.ttl
+            # The default ttr is the tube's ttr, else the tube's ttl (not the task's ttl).
+            task.ttr = ttr if ttr is not None else (self.ttr if self.ttr is not None else self.ttl)
+            delay = delay if delay and delay > 0 else 0.0
+            if delay:
+                task.state = DELAYED
+                task.event_at = at(min(delay, MAX_SECONDS))
+            if ttl is not None:
+                # A delay extends the lifetime: a delayed task lives delay + ttl.
+                task.ttl_at = at(min(ttl + delay, MAX_SECONDS))
         return task
 
     def put_many(
@@ -621,34 +634,15 @@ class Tube(models.Model):
         items = list(items)
         for index, data in enumerate(items):
             check_json(data, f"items[{index}]")
-        pri = _check_pri(pri)
-        ttl = _check_lifetime(ttl, "ttl")
-        ttr = _check_lifetime(ttr, "ttr")
-        delay = check_seconds(delay, "delay", allow_none=True)
-        if utube is not None:
-            utube = check_text(str(utube), "utube")
-            if len(utube) > 255:
-                raise ValueError(f"utube must be at most 255 characters, not {len(utube)}")
+        options = _check_put_options(pri, ttl, ttr, delay, utube)
         if not items:
             return []
         using = self._using
         now = engine.db_now(using)
-        tasks = []
-        for data in items:
-            task = Task(tube_id=self.pk, data=data, state=READY)
-            if self._is_utube:
-                task.utube = utube
-            if self._has_ttl:
-                task.pri = pri if pri is not None else (self.pri or 0)
-                task_ttl = ttl if ttl is not None else self.ttl
-                task.ttr = ttr if ttr is not None else (self.ttr if self.ttr is not None else self.ttl)
-                wait = delay if delay and delay > 0 else 0.0
-                if wait:
-                    task.state = DELAYED
-                    task.event_at = now + dt.timedelta(seconds=min(wait, MAX_SECONDS))
-                if task_ttl is not None:
-                    task.ttl_at = now + dt.timedelta(seconds=min(task_ttl + wait, MAX_SECONDS))
-            tasks.append(task)
+        tasks = [
+            self._new_task(data, *options, at=lambda seconds: now + dt.timedelta(seconds=seconds))
+            for data in items
+        ]
         # Each row binds about ten parameters: stay within what one statement may carry.
         per_statement = max(1, engine.features(using).max_params // 12)
 
