@@ -23,7 +23,7 @@ from typing import Any, Self, TypeVar
 
 from django.core.exceptions import ValidationError
 from django.db import connections, models, transaction
-from django.db.models import Count, F, Max, Min, Q
+from django.db.models import Count, F, Max, Min, Q, QuerySet
 from django.db.models.base import ModelBase
 from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
@@ -446,14 +446,9 @@ class TaskLoopQuerySet(models.QuerySet):
             # Locked and bumped rows are few (about workers x batch size): aggregate them.
             locked = queryset.filter(lock_until__gt=now).aggregate(**summary)
             bumped = queryset.filter(lock_until__lte=now).aggregate(**summary)
-            # Idle rows are most of the loop: read both ends of the claim index instead.
-            idle = queryset.filter(lock_until__isnull=True, last_updated__isnull=False).values_list(
-                "last_updated", flat=True
-            )
-            # PostgreSQL reads the claim index in order only if the ORDER BY repeats lock_until.
-            lead = ["lock_until"] if engine.features(using).order_by_repeats_null_prefix else []
-            idle_oldest = idle.order_by(*lead, F("last_updated").asc(nulls_first=True)).first()
-            idle_newest = idle.order_by(*lead, F("last_updated").desc(nulls_last=True)).first()
+            oldest_idle, newest_idle = self._idle_ends()
+            idle_oldest = oldest_idle.first()
+            idle_newest = newest_idle.first()
 
         def since(value: Any) -> float:
             return 0.0 if value is None else float((now - value).total_seconds())
@@ -485,6 +480,31 @@ class TaskLoopQuerySet(models.QuerySet):
             "min_update_time": since(max(updated) if updated else None),
             "max_update_time": since(min(updated) if updated else None),
         }
+
+    def _idle_ends(self) -> tuple[QuerySet[Any], QuerySet[Any]]:
+        """Return the ``last_updated`` of idle rows, oldest first and newest first.
+
+        Idle rows are most of the loop: each end is one read of the claim index
+        (lock_until, last_updated NULLS FIRST, id), forward and backward, never a sort.
+        """
+        idle = (
+            self.order_by()
+            .filter(lock_until__isnull=True, last_updated__isnull=False)
+            .values_list("last_updated", flat=True)
+        )
+        if engine.features(self.db).order_by_repeats_null_prefix:
+            # PostgreSQL reads the index in order only if the ORDER BY repeats lock_until, in
+            # the index's own direction: forward (ASC NULLS LAST), or wholly backward.
+            return (
+                idle.order_by("lock_until", F("last_updated").asc(nulls_first=True)),
+                idle.order_by(
+                    F("lock_until").desc(nulls_first=True), F("last_updated").desc(nulls_last=True)
+                ),
+            )
+        return (
+            idle.order_by(F("last_updated").asc(nulls_first=True)),
+            idle.order_by(F("last_updated").desc(nulls_last=True)),
+        )
 
     def locked(self) -> Self:
         """Rows under a lock that has not ended."""
