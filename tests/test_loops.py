@@ -889,7 +889,7 @@ def test_stats_reads_both_ends_of_the_idle_rows_from_the_claim_index_without_a_s
 
     IntLoop.objects.add(range(1, 20_001), updated=True)
     for queryset in IntLoop.objects.all()._idle_ends():
-        text = plan(queryset)
+        text = plan(queryset[:1])  # as stats() runs it: first()
         vendor = connections["default"].vendor
         if vendor == "postgresql":
             claim_index = next(i.name for i in IntLoop._meta.indexes if i.fields[0] == "lock_until")
