@@ -23,27 +23,11 @@ import pytest
 from django_taskloop.models import Tube
 from tests.testapp.models import WorkerLoop
 
-from .workers_util import run_workers, start_workers, wait_until
+from .workers_util import alive, children_of, run_workers, start_workers, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 GRACE = 2.0
-
-
-def children_of(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except FileNotFoundError:
-        return []
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return "zombie" not in f.read()
-    except FileNotFoundError:
-        return False
 
 
 def _stop_round(rng: random.Random, processes: int) -> None:

@@ -16,7 +16,7 @@ from django_taskloop.models.operating import throughput_totals
 from django_taskloop.workers import Handler, board, get_handlers, loop, registry, tube
 from tests.testapp.models import WorkerLoop, WorkLog
 
-from .workers_util import run_workers, start_workers, stop, wait_until
+from .workers_util import alive, children_of, run_workers, start_workers, stop, wait_until
 
 FAST = '{"RETRY_BACKOFF": 0.3, "MAX_ATTEMPTS": 3, "GRACE_PERIOD": 20, "HEARTBEAT_INTERVAL": 0.5}'
 
@@ -352,11 +352,6 @@ def test_heartbeats_keep_loop_ids_locked_past_lock_for():
     assert WorkerLoop.objects.filter(last_updated__isnull=False).count() == 2
 
 
-def children_of(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_kill_9_of_a_worker_holding_tasks_runs_them_again_and_acks_each_once():
@@ -427,13 +422,6 @@ def test_children_stop_when_their_supervisor_is_killed():
     supervisor = start_workers("--only", "w-drain", "--processes", "2")
     children: list[int] = []
 
-    def alive(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                return "zombie" not in f.read()
-        except FileNotFoundError:
-            return False
-
     try:
         children = wait_until(
             lambda: len(children_of(supervisor.pid)) == 2 and children_of(supervisor.pid), timeout=60
@@ -485,8 +473,8 @@ def test_running_workers_honour_a_pause_within_a_second_and_show_as_alive():
     drain_tube = Tube.objects.create_tube("w-drain", "fifottl")
     worker = start_workers("--only", "w-drain", "--only", "testapp.workerloop")
     try:
-        alive = wait_until(lambda: list(WorkerProcess.objects.alive()), timeout=60)
-        assert sorted(alive[0].queues) == ["loop:testapp.workerloop", "task:w-drain"]
+        live = wait_until(lambda: list(WorkerProcess.objects.alive()), timeout=60)
+        assert sorted(live[0].queues) == ["loop:testapp.workerloop", "task:w-drain"]
         drain_tube.pause()
         WorkerLoop.objects.pause()
         time.sleep(1.2)  # a worker honours a pause within a second

@@ -86,6 +86,24 @@ def stop(process: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: flo
     return output
 
 
+def children_of(pid: int) -> list[int]:
+    """Return the pids of process ``pid``'s children (none once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def alive(pid: int) -> bool:
+    """Say whether process ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "zombie" not in f.read()
+    except FileNotFoundError:
+        return False
+
+
 def wait_until(predicate: Any, timeout: float = 30, every: float = 0.05) -> Any:
     """Poll ``predicate()`` until it is truthy; return its value (fail after ``timeout``)."""
     deadline = time.monotonic() + timeout

@@ -15,20 +15,12 @@ from typing import Any
 
 from django.db import connections
 
-from tests.workers_util import ROOT, child_env, workers_command
+from tests.workers_util import ROOT, child_env, children_of, workers_command
 
 # Short beats and grace: a killed worker's leases (3 s, see workerapp) are renewed every second
 # while it lives.
 OVERRIDES = '{"HEARTBEAT_INTERVAL": 1, "GRACE_PERIOD": 5, "RETRY_BACKOFF": 0.2}'
 SETTINGS = "tests.reliability.worker_settings"
-
-
-def children_of(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except FileNotFoundError:
-        return []
 
 
 @dataclass
