@@ -41,17 +41,12 @@ def check_skip_locked(databases: Any = None, **kwargs: Any) -> list[checks.Check
 @checks.register()
 def check_tasks_framework(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """taskloop.E004: ``TASKS`` names TaskloopBackend but no Tasks framework can be imported."""
-    from django.conf import settings
-
     from . import backends
+    from .conf import tasks_backend_aliases
 
     if backends.TaskloopBackend is not None:
         return []
-    named = [
-        alias
-        for alias, options in (getattr(settings, "TASKS", None) or {}).items()
-        if isinstance(options, dict) and options.get("BACKEND") == "django_taskloop.backends.TaskloopBackend"
-    ]
+    named = tasks_backend_aliases()
     if not named:
         return []
     return [

@@ -60,3 +60,18 @@ def setting(name: str) -> Any:
 def _reset(*, setting: str, **kwargs: Any) -> None:
     if setting == "TASKLOOP":
         get_config.cache_clear()
+
+
+#: The dotted path ``TASKS`` names the Django Tasks backend by.
+TASKS_BACKEND = "django_taskloop.backends.TaskloopBackend"
+
+
+def tasks_backend_aliases() -> list[str]:
+    """Return the aliases of ``settings.TASKS`` that name :data:`TASKS_BACKEND` (read as written,
+    so it works whether or not a Tasks framework can be imported)."""
+    tasks = getattr(settings, "TASKS", None) or {}
+    return [
+        alias
+        for alias, options in tasks.items()
+        if isinstance(options, dict) and options.get("BACKEND") == TASKS_BACKEND
+    ]

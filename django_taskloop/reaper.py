@@ -15,7 +15,7 @@ from django.apps import apps
 from django.db import router
 
 from . import engine
-from .conf import setting
+from .conf import setting, tasks_backend_aliases
 from .exceptions import NotFound
 
 __all__ = ["reap", "format_report"]
@@ -82,7 +82,7 @@ def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
         if any(operating.values()):
             report["results"]["operating"] = operating
 
-    if _uses_tasks_backend():
+    if tasks_backend_aliases():
         for alias in _aliases(TaskRecord, using):
             retention = float(setting("RESULT_RETENTION"))
             old = TaskRecord.objects.db_manager(alias).filter(
@@ -91,16 +91,6 @@ def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
             )
             report["results"]["django-tasks"] = {"pruned": old.delete()[0]}
     return report
-
-
-def _uses_tasks_backend() -> bool:
-    """Say whether ``TASKS`` names the Django Tasks backend (else there are no results to prune)."""
-    from django.conf import settings
-
-    return any(
-        isinstance(options, dict) and options.get("BACKEND") == "django_taskloop.backends.TaskloopBackend"
-        for options in (getattr(settings, "TASKS", None) or {}).values()
-    )
 
 
 def format_report(report: dict[str, dict[str, dict[str, int]]]) -> list[str]:

@@ -17,7 +17,7 @@ from .. import engine
 from ..models.boards import Job, JobBoard
 from ..models.operating import Failure, WorkerProcess, is_paused, pause, resume, throughput_series
 from ..models.tubes import Task, Tube
-from .base import count_text, humanize_seconds, seconds_between
+from .base import count_text, dashboard_url, humanize_seconds, seconds_between
 from .boards import JOB_STATE_LABELS, board_overview
 from .charts import bar_chart, time_chart
 from .loops import DASHBOARD_COUNT_CAP, LOCK_BUCKETS, loop_models, loop_overview
@@ -286,11 +286,7 @@ def pause_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
     else:
         getattr(target, do)()
     messages.success(request, f"{'Paused' if do == 'pause' else 'Resumed'} {kind} queue {queue}.")
-    return HttpResponseRedirect(dashboard_url_of(site))
-
-
-def dashboard_url_of(site: admin.AdminSite) -> str:
-    return reverse("admin:django_taskloop_dashboard", current_app=site.name)
+    return HttpResponseRedirect(dashboard_url(site))
 
 
 def dashboard_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
