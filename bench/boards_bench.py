@@ -1,6 +1,10 @@
-"""Throughput of ``claim_next`` + ``consume`` on a job board, with real worker processes.
+"""Throughput of a job board's claim and consume verbs, with real worker processes.
 
     DATABASE_URL=mysql://root@127.0.0.1:3306/test python bench/boards_bench.py --processes 4 --jobs 5000
+    python bench/boards_bench.py --batch 100      # claim_many(100) + consume_many (what @board workers do)
+
+``--batch 1`` (the default) measures ``claim_next`` + ``consume``, one job at a time; a larger
+``--batch`` measures ``claim_many(batch)`` + ``consume_many``.
 
 It builds a throw-away test database (suffix ``TASKLOOP_TEST_SUFFIX``, default ``boardsbench``)
 from the models, posts ``--jobs`` jobs, lets ``--processes`` workers drain the board, and prints
@@ -23,7 +27,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 os.environ.setdefault("TASKLOOP_TEST_SUFFIX", "boardsbench")
 
 
-def work(board_id: int, worker: str, barrier, queue) -> None:
+def work(board_id: int, worker: str, batch: int, barrier, queue) -> None:
     from django.db import connections
 
     from django_taskloop.models import JobBoard
@@ -31,9 +35,13 @@ def work(board_id: int, worker: str, barrier, queue) -> None:
     board = JobBoard.objects.get(pk=board_id)
     barrier.wait()
     done = 0
-    while (job := board.claim_next(worker, expiry=600)) is not None:
-        board.consume(job, worker)
-        done += 1
+    if batch == 1:
+        while (job := board.claim_next(worker, expiry=600)) is not None:
+            board.consume(job, worker)
+            done += 1
+    else:
+        while jobs := board.claim_many(worker, batch, expiry=600):
+            done += board.consume_many(jobs, worker)
     queue.put((done, time.monotonic()))
     connections.close_all()
 
@@ -42,6 +50,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument(
+        "--batch", type=int, default=1, help="1: claim_next + consume; N: claim_many(N) + consume_many"
+    )
     args = parser.parse_args()
 
     import django
@@ -72,7 +83,8 @@ def main() -> None:
         barrier = ctx.Barrier(args.processes + 1)
         queue = ctx.Queue()
         procs = [
-            ctx.Process(target=work, args=(board.pk, f"w{i}", barrier, queue)) for i in range(args.processes)
+            ctx.Process(target=work, args=(board.pk, f"w{i}", args.batch, barrier, queue))
+            for i in range(args.processes)
         ]
         for proc in procs:
             proc.start()
@@ -84,8 +96,9 @@ def main() -> None:
         elapsed = max(end for _, end in results) - start
         total = sum(done for done, _ in results)
         vendor = connections["default"].vendor
+        verbs = "claim_next + consume" if args.batch == 1 else f"claim_many({args.batch}) + consume_many"
         print(
-            f"{vendor}: {args.processes} processes consumed {total} of {args.jobs} jobs in {elapsed:.2f} s "
+            f"{vendor} [{verbs}]: {args.processes} processes consumed {total} of {args.jobs} jobs in {elapsed:.2f} s "
             f"= {total / elapsed:.0f} jobs/s (per process: {sorted(done for done, _ in results)})"
         )
         assert total == args.jobs and not Job.objects.exists()

@@ -151,12 +151,20 @@ def emit(result: dict) -> None:
 def idle_cost(url: str, seconds: float) -> dict | None:
     """Return what the database did for database ``url`` per second while the worker idled.
 
-    PostgreSQL only (``pg_stat_database`` counts per database; the other servers here count
-    for the whole server, which other clients share): transactions, sessions opened, and
-    rows read per second. Our own two reads are subtracted.
+    PostgreSQL: ``pg_stat_database`` of that database alone: transactions, sessions opened and
+    rows read per second. MariaDB/MySQL: ``SHOW GLOBAL STATUS`` deltas (``Questions``,
+    ``Com_commit``, ``Connections``): the server counts for every client, so run it on a quiet
+    server. Our own reads are subtracted. SQLite: ``None`` (no server to ask).
     """
-    if db_vendor(url) != "postgres":
-        return None
+    vendor = db_vendor(url)
+    if vendor == "postgres":
+        return _idle_cost_postgres(url, seconds)
+    if vendor == "mysql":
+        return _idle_cost_mysql(url, seconds)
+    return None
+
+
+def _idle_cost_postgres(url: str, seconds: float) -> dict:
     import psycopg
 
     name = urlparse(url).path.lstrip("/")
@@ -182,3 +190,46 @@ def idle_cost(url: str, seconds: float) -> dict | None:
         "sessions_per_s": (after[1] - before[1]) / seconds,
         "rows_per_s": (after[2] - before[2]) / seconds,
     }
+
+
+def _idle_cost_mysql(url: str, seconds: float) -> dict:
+    import MySQLdb
+
+    parts = urlparse(url)
+    params = {"host": parts.hostname or "localhost", "user": parts.username or "root"}
+    if parts.port:
+        params["port"] = parts.port
+    if parts.password:
+        params["password"] = parts.password
+    names = ("Questions", "Com_commit", "Connections")
+
+    def read() -> dict[str, int]:
+        conn = MySQLdb.connect(**params)
+        try:
+            cursor = conn.cursor()
+            cursor.execute(
+                "SHOW GLOBAL STATUS WHERE Variable_name IN (%s, %s, %s)",
+                names,
+            )
+            return {name: int(value) for name, value in cursor.fetchall()}
+        finally:
+            conn.close()
+
+    before = read()
+    time.sleep(seconds)
+    after = read()
+    # Our second connection and its one statement count too.
+    return {
+        "queries_per_s": (after["Questions"] - before["Questions"] - 1) / seconds,
+        "commits_per_s": (after["Com_commit"] - before["Com_commit"]) / seconds,
+        "sessions_per_s": (after["Connections"] - before["Connections"] - 1) / seconds,
+    }
+
+
+def children_cpu() -> float:
+    """Return the user + system CPU seconds of this process's waited-for children so far
+    (each with its own waited-for descendants: a supervisor's worker processes count)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime

@@ -8,13 +8,21 @@ Scenarios (each prints one ``BENCH {json}`` line for ``bench/run.py``):
   them, else its models as they are).
 - ``drain``: fill the ``bench`` tube (a ``fifottl`` tube, the ``@tube`` default) with
   ``--jobs`` no-op tasks, run ``manage.py workers --burst --processes N --only bench`` until
-  it exits, check every task ran exactly once.
-- ``enqueue``: ``tube.put`` one at a time (``--jobs`` puts, each its own transaction), and the
-  same puts inside one ``transaction.atomic()`` ("bulk": tubes have no bulk put).
+  it exits, check every task ran exactly once; the workers' CPU time (user + system, start-up
+  included) per job, in µs.
+- ``enqueue``: ``tube.put`` one at a time (``--jobs`` puts, each its own transaction),
+  ``put_many`` of them all ("bulk"), the puts inside one ``transaction.atomic()``, and a
+  Django Task's ``enqueue()`` one at a time.
 - ``latency``: a running (not burst) ``manage.py workers --only bench``, idle; ``--samples``
-  puts ``--gap`` seconds apart; put → handler start.
+  puts ``--gap`` seconds apart; put → handler start; and, before the puts, what the idle
+  worker costs the database per second (``common.idle_cost``).
 - ``loop``: ``--processes`` processes ``claim(100)`` + ``did`` on ``--jobs`` loop ids.
-- ``board``: ``--processes`` processes ``claim_next`` + ``consume`` on ``--jobs`` posted jobs.
+- ``board``: post ``--jobs`` no-op jobs on the ``bench-board`` board, run ``manage.py workers
+  --burst --processes N --only bench-board`` (``@board(batch=100)``: ``claim_many`` +
+  ``consume_many``) until it exits, check every job ran exactly once.
+- ``board_verbs``: ``--processes`` forked processes calling the facade directly on ``--jobs``
+  posted jobs: ``claim_next`` + ``consume`` (``--batch 1``, one job per claim: the measurement
+  before ``claim_many`` existed) or ``claim_many(--batch)`` + ``consume_many``.
 - ``growth``: claim latency, ``take(0)``, on the tube as it grows through ``--sizes`` ready
   tasks (median and p95 of ``--samples`` takes at each size; each take is followed by an
   ``ack``, timed apart, and a ``put`` that keeps the size, not timed).
@@ -30,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -41,10 +50,12 @@ import django  # noqa: E402
 
 django.setup()
 
+import statement_log  # noqa: E402
 from benchapp.models import BenchLoop  # noqa: E402
 from common import (  # noqa: E402
     RECORD_DIR_ENV,
     check_once,
+    children_cpu,
     drain_rate,
     emit,
     fresh_dir,
@@ -58,10 +69,13 @@ from common import (  # noqa: E402
 )
 from django.db import connection, connections, transaction  # noqa: E402
 
+from django_taskloop.engine import db_now  # noqa: E402
 from django_taskloop.models import Job, JobBoard, Task, Tube  # noqa: E402
 
 TUBE = "bench"
-BOARD = "bench"
+#: The board of the ``@board`` handler in benchapp/taskloop.py (handler names are unique, so
+#: not "bench", the tube's).
+BOARD = "bench-board"
 
 
 def bench_tube() -> Tube:
@@ -89,7 +103,7 @@ def fill(tube: Tube, ns: range) -> None:
         )
 
 
-def workers_command(processes: int, burst: bool) -> list[str]:
+def workers_command(processes: int, burst: bool, only: str = TUBE) -> list[str]:
     cmd = [
         sys.executable,
         str(PROJECT / "manage.py"),
@@ -97,16 +111,18 @@ def workers_command(processes: int, burst: bool) -> list[str]:
         "--processes",
         str(processes),
         "--only",
-        TUBE,
+        only,
     ]
     return [*cmd, "--burst"] if burst else cmd
 
 
-def run_workers(processes: int, burst: bool, record_dir: Path) -> subprocess.Popen:
-    env = {**os.environ, RECORD_DIR_ENV: str(record_dir)}
+def run_workers(
+    processes: int, burst: bool, record_dir: Path, only: str = TUBE, **extra_env: str
+) -> subprocess.Popen:
+    env = {**os.environ, RECORD_DIR_ENV: str(record_dir), **extra_env}
     log = open(record_dir / "worker.out", "ab")  # noqa: SIM115
     return subprocess.Popen(
-        workers_command(processes, burst),
+        workers_command(processes, burst, only),
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -129,17 +145,21 @@ def drain(jobs: int, processes: int, record_dir: Path, timeout: float) -> dict:
     fill(tube, range(jobs))
     connections.close_all()
     started = time.perf_counter()
+    cpu = children_cpu()
     proc = run_workers(processes, burst=True, record_dir=record_dir)
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
         stop(proc)
     wall = time.perf_counter() - started
+    # The worker processes' own CPU (start-up included), once the supervisor has reaped them all.
+    cpu = children_cpu() - cpu
     records = read_records(record_dir)
     left = tube.statistics()["tasks"]
     return {
         "rate": drain_rate(records),
         "wall_rate": jobs / wall,
+        "cpu_us_per_job": cpu / jobs * 1e6 if jobs else None,
         "exit_code": proc.returncode,
         "left": {k: v for k, v in left.items() if k in ("ready", "taken", "buried") and v},
         **check_once(records, range(jobs)),
@@ -147,6 +167,13 @@ def drain(jobs: int, processes: int, record_dir: Path, timeout: float) -> dict:
 
 
 def enqueue(jobs: int) -> dict:
+    """Enqueue rates: ``put`` one at a time (each its own transaction, as a view makes it), a
+    Django Task's ``enqueue()`` one at a time, ``put_many`` of all the jobs in one call (the bulk
+    column), and, for reference, the puts inside one ``transaction.atomic()``."""
+    from benchapp.taskloop import noop_task
+
+    from django_taskloop.models import TaskRecord
+
     tube = empty_tube()
     started = time.perf_counter()
     for n in range(jobs):
@@ -154,27 +181,55 @@ def enqueue(jobs: int) -> dict:
     single = jobs / (time.perf_counter() - started)
     tube.truncate()
     started = time.perf_counter()
+    tube.put_many(range(jobs))
+    bulk = jobs / (time.perf_counter() - started)
+    tube.truncate()
+    started = time.perf_counter()
     with transaction.atomic():
         for n in range(jobs):
             tube.put(n)
-    bulk = jobs / (time.perf_counter() - started)
+    atomic = jobs / (time.perf_counter() - started)
     tube.truncate()
-    return {"rate": single, "bulk_rate": bulk}
+    noop_task.enqueue(-1)  # the first enqueue of a process makes the queue's tube
+    started = time.perf_counter()
+    for n in range(jobs):
+        noop_task.enqueue(n)
+    tasks = jobs / (time.perf_counter() - started)
+    Tube.objects.get(name="tasks.default").truncate()
+    TaskRecord.objects.all()._raw_delete(TaskRecord.objects.db)
+    return {"rate": single, "bulk_rate": bulk, "atomic_rate": atomic, "task_rate": tasks}
 
 
-def latency(samples: int, gap: float, record_dir: Path) -> dict:
+def latency(samples: int, gap: float, record_dir: Path, idle_seconds: float = 3.0) -> dict:
     tube = empty_tube()
     connections.close_all()
-    proc = run_workers(1, burst=False, record_dir=record_dir)
+    log = record_dir / "statements"
+    for old in record_dir.glob("statements.*"):
+        old.unlink()
+    proc = run_workers(1, burst=False, record_dir=record_dir, **{statement_log.ENV: str(log)})
     try:
         # Let it start and go idle: we measure pickup by a worker that was waiting, and what
         # the waiting costs the database.
         time.sleep(2.5)
-        idle = idle_cost(os.environ.get("DATABASE_URL", ""), 3.0)
+        started = time.time()
+        idle = idle_cost(os.environ.get("DATABASE_URL", ""), idle_seconds)
+        if idle is None:
+            time.sleep(idle_seconds)
+            idle = {}
+        ended = time.time()
         put_times = spaced_puts(tube.put, samples, gap)
         wait_for_records(record_dir, samples, timeout=30)
     finally:
         stop(proc)
+    # What the worker sent meanwhile, as it counted it: exact, whoever else uses the server.
+    notes = [note for note in statement_log.read(str(log)) if started <= note[0] < ended]
+    transactions = sum(
+        1
+        for _, kind, _, atomic in notes
+        if kind in ("commit", "rollback") or (kind == "statement" and not atomic)
+    )
+    idle["sent_per_s"] = len(notes) / (ended - started)
+    idle["sent_xacts_per_s"] = transactions / (ended - started)
     records = read_records(record_dir)
     return {**latencies(records, put_times), "idle": idle, **check_once(records, range(samples))}
 
@@ -204,33 +259,81 @@ def loop(jobs: int, processes: int, batch: int, record_dir: Path) -> dict:
     return _fork_run(_loop_worker, (batch,), processes, jobs, record_dir)
 
 
-def _board_worker(who: str) -> None:
-    connections.close_all()
-    board = JobBoard.objects.get(name=BOARD)
-    while True:
-        job = board.claim_next(who)
-        if job is None:
-            break
-        record(job.details["n"])
-        board.consume(job, who)
-    connections.close_all()
+def fill_board(jobs: int) -> JobBoard:
+    """Empty the bench board and post ``jobs`` no-op jobs (``details={"n": n}``) on it.
 
-
-def board(jobs: int, processes: int, record_dir: Path) -> dict:
+    Plain bulk INSERTs of the rows ``post`` would write: the scenarios measure the claims.
+    """
     board = JobBoard.objects.create_board(BOARD, if_not_exists=True)
     Job.objects.filter(board_id=board.pk)._raw_delete(Job.objects.db)
-    with transaction.atomic():
-        for n in range(jobs):
-            board.post(f"job-{n}", details={"n": n})
+    now = db_now()
+    for start in range(0, jobs, 2000):
+        Job.objects.bulk_create(
+            [
+                Job(board=board, uuid=str(uuid.uuid4()), name=f"job-{n}", details={"n": n},
+                    created_on=now, last_modified=now)
+                for n in range(start, min(jobs, start + 2000))
+            ]
+        )  # fmt: skip
+    return board
+
+
+def board(jobs: int, processes: int, record_dir: Path, timeout: float) -> dict:
+    """``@board`` workers (``manage.py workers --burst``) drain the board."""
+    fill_board(jobs)
     connections.close_all()
-    return _fork_run(_board_worker, None, processes, jobs, record_dir)
+    started = time.perf_counter()
+    proc = run_workers(processes, burst=True, record_dir=record_dir, only=BOARD)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+    wall = time.perf_counter() - started
+    records = read_records(record_dir)
+    return {
+        "verbs": "@board workers (claim_many + consume_many)",
+        "rate": drain_rate(records),
+        "wall_rate": jobs / wall,
+        "exit_code": proc.returncode,
+        "left": Job.objects.filter(board__name=BOARD).count(),
+        **check_once(records, range(jobs)),
+    }
 
 
-def _fork_run(target, args, processes: int, jobs: int, record_dir: Path) -> dict:
+def _board_worker(who: str, batch: int) -> None:
+    connections.close_all()
+    board = JobBoard.objects.get(name=BOARD)
+    if batch == 1:
+        while (job := board.claim_next(who)) is not None:
+            record(job.details["n"])
+            board.consume(job, who)
+    else:
+        while jobs := board.claim_many(who, batch):
+            for job in jobs:
+                record(job.details["n"])
+            board.consume_many(jobs, who)
+    connections.close_all()
+
+
+def board_verbs(jobs: int, processes: int, batch: int, record_dir: Path) -> dict:
+    """Forked processes call the facade: ``claim_next`` + ``consume``, or the batch verbs."""
+    fill_board(jobs)
+    connections.close_all()
+    result = _fork_run(
+        _board_worker, None, processes, jobs, record_dir, args_of=lambda i: (f"bench-{i}", batch)
+    )
+    verbs = "claim_next + consume" if batch == 1 else f"claim_many({batch}) + consume_many"
+    return {"verbs": verbs, **result, "left": Job.objects.filter(board__name=BOARD).count()}
+
+
+def _fork_run(target, args, processes: int, jobs: int, record_dir: Path, args_of=None) -> dict:
     os.environ[RECORD_DIR_ENV] = str(record_dir)
     ctx = multiprocessing.get_context("fork")
     procs = [
-        ctx.Process(target=target, args=args if args is not None else (f"bench-{i}",))
+        ctx.Process(
+            target=target,
+            args=args if args is not None else (args_of(i) if args_of is not None else (f"bench-{i}",)),
+        )
         for i in range(processes)
     ]
     started = time.perf_counter()
@@ -301,13 +404,15 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "scenario", choices=["setup", "drain", "enqueue", "latency", "loop", "board", "growth"]
+        "scenario",
+        choices=["setup", "drain", "enqueue", "latency", "loop", "board", "board_verbs", "growth"],
     )
     parser.add_argument("--jobs", type=int, default=20000)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--samples", type=int, default=50)
     parser.add_argument("--gap", type=float, default=0.2)
+    parser.add_argument("--idle-seconds", type=float, default=3.0, help="latency: idle cost window")
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--record-dir", default="/tmp/bench_records_taskloop")
@@ -324,11 +429,13 @@ def main() -> None:
     elif args.scenario == "enqueue":
         result = enqueue(args.jobs)
     elif args.scenario == "latency":
-        result = latency(args.samples, args.gap, record_dir)
+        result = latency(args.samples, args.gap, record_dir, args.idle_seconds)
     elif args.scenario == "loop":
         result = loop(args.jobs, args.processes, args.batch, record_dir)
     elif args.scenario == "board":
-        result = board(args.jobs, args.processes, record_dir)
+        result = board(args.jobs, args.processes, record_dir, args.timeout)
+    elif args.scenario == "board_verbs":
+        result = board_verbs(args.jobs, args.processes, args.batch, record_dir)
     else:
         result = growth([int(s) for s in args.sizes.split(",")], args.samples)
     emit(

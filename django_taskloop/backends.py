@@ -18,8 +18,10 @@ from traceback import format_exception
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import router, transaction
+from django.db import IntegrityError, connections, router, transaction
 from django.utils.module_loading import import_string
+
+from .exceptions import NotFound
 
 try:  # Django 6.0+
     from django.tasks import TaskResult, TaskResultStatus, task_backends
@@ -103,9 +105,13 @@ if BaseTaskBackend is not None:
                 raise InvalidTask(str(error)) from None
 
         def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
-            """Store the call, put it in its queue's tube, and return its ``TaskResult``."""
+            """Store the call, put it in its queue's tube, and return its ``TaskResult``.
+
+            Two INSERTs (the record, the tube's task) in one transaction; ``run_after`` is the
+            task's "not before" on the database's clock, as a put's delay would be.
+            """
             from . import engine
-            from .models import TaskRecord, Tube
+            from .models import TaskRecord
 
             self._refuse_if_not_installed()
             self.validate_task(task)
@@ -119,20 +125,40 @@ if BaseTaskBackend is not None:
                 takes_context=task.takes_context,
                 args=normalize_json(list(args)),
                 kwargs=normalize_json(dict(kwargs)),
+                enqueued_at=engine.DbNow(),
             )
-            with transaction.atomic(using=using):
-                record.enqueued_at = engine.db_now(using)
-                record.save(using=using, force_insert=True)
-                delay = None
-                if task.run_after is not None:
-                    delay = max(0.0, (task.run_after - record.enqueued_at).total_seconds())
-                tube = Tube.objects.db_manager(using).create_tube(
-                    tube_name(task.queue_name), "fifottl", if_not_exists=True
-                )
-                tube.put({"result": record.id}, pri=100 - task.priority, delay=delay or None)
+            for attempt in range(2):
+                try:
+                    self._insert(record, task, using, fresh=attempt > 0)
+                    break
+                except (IntegrityError, NotFound):
+                    # The queue's tube was dropped since this process looked it up (found at
+                    # once, or at commit where foreign keys are deferred): once more, with a
+                    # tube made afresh.
+                    if attempt or connections[using].in_atomic_block:
+                        raise
+                    record.enqueued_at = engine.DbNow()
             result = self._to_result(record, task)
             transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=using)
             return result
+
+        def _insert(self, record: Any, task: Any, using: str, fresh: bool) -> None:
+            """INSERT the record and its tube's task, in one transaction."""
+            from . import engine
+            from .models import TaskRecord
+            from .models.tubes import DELAYED
+
+            tube = _tube(using, task.queue_name, fresh=fresh)
+            queued = tube._new_task({"result": record.id}, 100 - task.priority, None, None, None, None)
+            if task.run_after is not None:
+                queued.state, queued.event_at = DELAYED, task.run_after
+
+            def work() -> None:
+                engine.insert([record], using, returning=["enqueued_at"])
+                tube._insert([queued], check_exists=False)
+
+            # Its first statement writes: no need to take SQLite's write lock before it.
+            engine.run_in_transaction(TaskRecord, using, work, lock_first=False)
 
         def get_result(self, result_id: str) -> Any:
             """Return the ``TaskResult`` of ``result_id`` as it is now."""
@@ -274,6 +300,27 @@ if BaseTaskBackend is not None:
 
 else:  # pragma: no cover - neither django.tasks nor the backport is installed
     TaskloopBackend = None  # type: ignore[assignment,misc]
+
+
+#: The tube of each queue, by (database alias, queue name): enqueue looks it up once per process.
+_tubes: dict[tuple[str, str], Any] = {}
+
+
+def _tube(using: str, queue_name: str, fresh: bool = False) -> Any:
+    """Return the tube that holds ``queue_name``'s tasks, made on first use."""
+    from .models import Tube
+
+    key = (using, queue_name)
+    tube = _tubes.get(key)
+    if tube is not None and not fresh and connections[using].in_atomic_block:
+        # Inside a caller's transaction a vanished tube would show only at its commit (or
+        # never, if it rolls back, as tests do): look before trusting what was cached.
+        fresh = not Tube.objects.using(using).filter(pk=tube.pk, name=tube.name).exists()
+    if fresh or tube is None:
+        _tubes[key] = Tube.objects.db_manager(using).create_tube(
+            tube_name(queue_name), "fifottl", if_not_exists=True
+        )
+    return _tubes[key]
 
 
 def task_handlers() -> list[Handler]:

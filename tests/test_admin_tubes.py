@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
@@ -196,12 +198,16 @@ def test_stats_of_a_big_tube_cap_the_counts_and_offer_the_exact_statistics(boss,
     monkeypatch.setattr(tubes_admin, "STATE_COUNT_CAP", 1)
     for n in range(3):
         tube.put({"n": 10 + n})
+    tube.take(0)
     url = reverse("admin:django_taskloop_tube_stats", args=[tube.pk])
     page = boss.get(url).content.decode()
-    assert "Task counts stop at 1 per state" in page and "?exact=1" in page
+    assert "Task counts stop at 1 per state, and so does put" in page and "?exact=1" in page
     assert "<title>ready: 1</title>" in page  # capped
     exact = tube.statistics()
-    assert f"<title>put: {exact['calls']['put']}</title>" in page  # counters are exact
+    assert f"<title>take: {exact['calls']['take']}</title>" in page  # counters are exact
+    # put is derived from the task counts, so it is capped with them: never more than exact.
+    shown = int(re.search(r"<title>put: (\d+)</title>", page).group(1))
+    assert 0 < shown < exact["calls"]["put"]
     page = boss.get(url, {"exact": "1"}).content.decode()
     assert "Task counts stop" not in page
     assert f"<title>ready: {exact['tasks']['ready']}</title>" in page

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import signal
+import subprocess
+import sys
 import time
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -108,27 +112,58 @@ def test_reap_locks_every_must_be_positive():
         call_command("reap_locks", every=0)
 
 
-@pytest.mark.slow
-@pytest.mark.django_db(transaction=True)
-def test_reap_locks_every_repeats_until_stopped():
-    import signal
-    import subprocess
-    import sys
-
+def _start_reaping_every_fifth_second(preexec_fn: Any = None) -> subprocess.Popen[str]:
+    """Start ``manage.py reap_locks --every 0.2`` on the suite's database, in the background."""
     from django.db import connections
 
     from .workers_util import ROOT, child_env
 
     connections.close_all()
-    process = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "django", "reap_locks", "--every", "0.2"],
         env=child_env(),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=preexec_fn,
     )
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_reap_locks_every_repeats_until_stopped():
+    process = _start_reaping_every_fifth_second()
     time.sleep(3)
     process.send_signal(signal.SIGINT)
-    out, _ = process.communicate(timeout=30)
+    try:
+        out, _ = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        # Say why it did not stop: its signal masks and where it waits in the kernel.
+        with open(f"/proc/{process.pid}/status") as f:
+            masks = [line.strip() for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt", "State"))]
+        with open(f"/proc/{process.pid}/wchan") as f:
+            wchan = f.read()
+        process.kill()
+        process.communicate()
+        pytest.fail(f"reap_locks did not stop within 30 s of SIGINT: {masks}, waiting in {wchan!r}")
+    assert process.returncode == 0
+    assert out.count("results django-tasks: pruned 0") >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_reap_locks_every_stops_on_one_signal_even_if_it_started_with_them_ignored(signame):
+    from .workers_util import ignore_and_block_stop_signals
+
+    process = _start_reaping_every_fifth_second(preexec_fn=ignore_and_block_stop_signals)
+    try:
+        time.sleep(2)
+        process.send_signal(getattr(signal, signame))
+        out, _ = process.communicate(timeout=15)
+    finally:
+        process.kill()
+        process.wait()
+        process.stdout.close()
     assert process.returncode == 0
     assert out.count("results django-tasks: pruned 0") >= 2

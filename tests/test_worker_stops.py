@@ -21,9 +21,18 @@ from pathlib import Path
 import pytest
 
 from django_taskloop.models import Tube
+from django_taskloop.models.operating import WorkerProcess
 from tests.testapp.models import WorkerLoop
 
-from .workers_util import alive, children_of, run_workers, start_workers, wait_until
+from .workers_util import (
+    alive,
+    children_of,
+    ignore_and_block_stop_signals,
+    run_workers,
+    start_workers,
+    stop,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -119,3 +128,20 @@ def test_a_hard_stop_gives_back_only_what_had_not_finished(tmp_path: Path):
     assert not twice, f"{len(twice)} ids ran twice after a stop, e.g. {twice[:10]}"
     assert sorted(runs) == ids
     assert WorkerLoop.objects.filter(last_updated__isnull=True).count() == 0
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("processes", [None, "2"])
+def test_workers_stop_on_one_signal_even_if_started_with_them_ignored_or_blocked(signame, processes):
+    Tube.objects.create_tube("w-drain", "fifottl")
+    args = ["--only", "w-drain", *(["--processes", processes] if processes else [])]
+    worker = start_workers(*args, preexec_fn=ignore_and_block_stop_signals)
+    try:
+        # Running: its heartbeat shows (the signals that stop it are blocked until it says so).
+        wait_until(lambda: list(WorkerProcess.objects.alive()), timeout=60)
+        output = stop(worker, getattr(signal, signame), timeout=GRACE + 20)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 0, output

@@ -35,6 +35,7 @@ def test_decorators_register_handlers_found_by_autodiscovery():
     assert handlers["testapp.workerloop"].kind == "loop"
     assert handlers["testapp.workerloop"].target is WorkerLoop
     assert handlers["testapp.workerloop"].batch == 10
+    assert handlers["w-board"].batch == 100  # the @board default, as @tube's and @loop's
     # The Tasks backend's queues are served too.
     assert handlers["tasks.default"].kind == "tube"
     assert [h.name for h in get_handlers(["w-board", "w-drain"])] == ["w-board", "w-drain"]
@@ -53,6 +54,10 @@ def test_decorators_validate_arguments():
         tube("t", type="lifo")
     with pytest.raises(TypeError, match="batch"):
         tube("t", batch=True)
+    with pytest.raises(TypeError, match="batch"):
+        board("b", batch=True)
+    with pytest.raises(ValueError, match="batch"):
+        board("b", batch=0)
     with pytest.raises(ValueError, match="lock_for"):
         loop(WorkerLoop, lock_for=0)
     with pytest.raises(TypeError, match="model"):
@@ -112,6 +117,23 @@ def test_burst_drains_a_tube_a_board_and_a_loop():
     assert len(set(WorkLog.objects.values_list("pid", flat=True))) >= 1
     assert "summary w-drain" in done.stderr
     assert 'tube "w-drain": 50 claimed, 50 done' in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_burst_drains_a_board_in_batches_each_job_once():
+    builds = JobBoard.objects.create_board("w-board")
+    jobs = [builds.post(f"job-{i}", {"n": i}, priority=("low", "high")[i % 2]).uuid for i in range(250)]
+
+    done = run_workers("--burst", "--processes", "2", "--only", "w-board")
+
+    assert done.returncode == 0, done.stderr
+    assert ends("board") == Counter(jobs)
+    assert builds.job_count == 0
+    # Claimed a batch at a time (claim_many), settled a batch at a time (consume_many).
+    assert 'board "w-board": 100 claimed, 100 done, 0 failed, 0 given back' in done.stderr
+    assert "lost their claim" not in done.stderr
+    assert throughput_totals()[("job", "w-board")]["done"] == 250
 
 
 @pytest.mark.slow

@@ -65,7 +65,7 @@ def run_workers(*args: str, timeout: float = 120, **env: str) -> subprocess.Comp
     )
 
 
-def start_workers(*args: str, **env: str) -> subprocess.Popen[str]:
+def start_workers(*args: str, preexec_fn: Any = None, **env: str) -> subprocess.Popen[str]:
     """Start ``manage.py workers *args`` in the background; stop it with :func:`stop`."""
     connections.close_all()
     return subprocess.Popen(
@@ -75,7 +75,15 @@ def start_workers(*args: str, **env: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=preexec_fn,
     )
+
+
+def ignore_and_block_stop_signals() -> None:
+    """Start a child as a shell's background job is (SIGINT ignored), with the stop signals
+    blocked as well (a parent that had them blocked): it must stop on one signal all the same."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def stop(process: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 60) -> str:

@@ -9,7 +9,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import router
-from django.db.models import Q, QuerySet, Sum
+from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -19,7 +19,7 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder, NumericRangeFilterBuilder
 
 from .. import engine
-from ..models.tubes import BURIED, CALLS, DELAYED, READY, TAKEN, TTL_TYPES, Task, Tube, TubeStat
+from ..models.tubes import BURIED, DELAYED, READY, TAKEN, TTL_TYPES, Task, Tube, TubeStat, calls_from
 from .base import (
     TaskloopAdminMixin,
     dashboard_url,
@@ -348,16 +348,12 @@ def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
         stats = tube.statistics(apply_transitions=False)
         counted = True
     else:
-        columns = {name: ("deleted" if name == "delete" else name) for name in CALLS}
-        sums = (
-            TubeStat.objects.using(using)
-            .filter(tube_id=tube.pk)
-            .aggregate(done=Sum("done"), **{name: Sum(column) for name, column in columns.items()})
-        )
+        sums = TubeStat.objects.using(using).filter(tube_id=tube.pk).sums()
         tasks = {name: count for name, (count, _is_exact) in depth.items()}
-        tasks["done"] = int(sums.pop("done") or 0)
+        tasks["done"] = sums["done"]
         tasks["total"] = sum(count for count, _is_exact in depth.values())
-        stats = {"tasks": tasks, "calls": {name: int(value or 0) for name, value in sums.items()}}
+        # calls.put is derived from the number of tasks: at least this many, like the counts.
+        stats = {"tasks": tasks, "calls": calls_from(sums, tasks["total"])}
     taken = Task.objects.using(using).filter(tube=tube, state=TAKEN)
     # The (tube, state, event_at) index: the taken task whose ttr runs out first.
     first_deadline = taken.order_by("event_at").values_list("event_at", flat=True).first()
@@ -482,7 +478,10 @@ class TubeAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             if overview["exact"]
             else format_html(
                 '{} <a href="?exact=1">{}</a>',
-                _("Task counts stop at %(cap)s per state: counting millions of tasks takes seconds.")
+                _(
+                    "Task counts stop at %(cap)s per state, and so does put (derived from them): "
+                    "counting millions of tasks takes seconds."
+                )
                 % {"cap": f"{STATE_COUNT_CAP:,}"},
                 _("Count them all with statistics()"),
             ),

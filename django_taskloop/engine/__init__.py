@@ -19,19 +19,22 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
-from django.db.models import Model, Q, QuerySet
+from django.db.models import AutoField, Model, Q, QuerySet
+from django.db.models.sql import InsertQuery, UpdateQuery
 
 from ..conf import setting
 from ..exceptions import DatabaseBusy
-from .vendor import DbNow, db_now, features, is_retryable, take_write_lock, to_datetime
+from .vendor import DbNow, data_files, db_now, features, is_retryable, notifying, take_write_lock, to_datetime
 
 __all__ = [
     "DbNow",
     "db_now",
+    "data_files",
     "to_datetime",
     "features",
     "write_transaction",
     "run_in_transaction",
+    "insert",
     "claim",
     "batched",
     "discard_if_broken",
@@ -44,32 +47,48 @@ MAX_LIMIT = 2**31 - 1
 
 
 @contextmanager
-def write_transaction(model: type[Model], using: str, savepoint: bool = True) -> Iterator[None]:
+def write_transaction(
+    model: type[Model], using: str, savepoint: bool = True, lock_first: bool = True
+) -> Iterator[None]:
     """Open ``atomic(using)`` whose first statement takes the write lock where that matters.
 
     On SQLite the whole database is the lock: taking it first turns a lock-upgrade deadlock
     into an ordinary wait bounded by the busy timeout. On other databases this is ``atomic``.
+    ``lock_first=False`` for work whose first statement writes anyway (it takes the lock).
     """
     with transaction.atomic(using=using, savepoint=savepoint):
-        take_write_lock(connections[using], model._meta.db_table)
+        if lock_first:
+            take_write_lock(connections[using], model._meta.db_table)
         yield
 
 
-def run_in_transaction(model: type[Model], using: str, work: Callable[[], T], savepoint: bool = True) -> T:
+def run_in_transaction(
+    model: type[Model],
+    using: str,
+    work: Callable[[], T],
+    savepoint: bool = True,
+    alone: bool = False,
+    lock_first: bool = True,
+) -> T:
     """Run ``work()`` in a write transaction, retrying deadlocks and lock timeouts.
 
     Retries happen only when this is the outermost transaction: inside a caller's
     ``atomic()`` a deadlock has already spoiled the caller's transaction, so it surfaces as
     :class:`DatabaseBusy` for the caller to retry whole. ``savepoint=False`` saves the two
     round trips of a savepoint when nested, for work that raises only database errors (which
-    spoil the enclosing transaction anyway).
+    spoil the enclosing transaction anyway). ``alone=True`` is for work that is one statement:
+    a statement is atomic by itself, so outside a caller's transaction it runs in autocommit
+    (no BEGIN and COMMIT round trips), and inside one it simply joins it. ``lock_first``: see
+    :func:`write_transaction`.
     """
     outermost = not connections[using].in_atomic_block
     retries = setting("RETRIES")
     attempt = 0
     while True:
         try:
-            with write_transaction(model, using, savepoint=savepoint):
+            if alone:
+                return work()
+            with write_transaction(model, using, savepoint=savepoint, lock_first=lock_first):
                 return work()
         except DatabaseError as error:
             if not is_retryable(error, using):
@@ -84,6 +103,60 @@ def run_in_transaction(model: type[Model], using: str, work: Callable[[], T], sa
             attempt += 1
             # Jitter keeps the retrying processes from colliding again in step.
             time.sleep(min(0.5, 0.01 * 2**attempt) * random.uniform(0.5, 1.5))
+
+
+def insert(
+    objs: Sequence[Model], using: str, *, returning: Sequence[str] = (), notify: str | None = None
+) -> None:
+    """INSERT ``objs`` (instances of one model) in one statement, as ``save()`` would write them.
+
+    Sets each instance's primary key and the ``returning`` fields — values the database
+    computes, such as deadlines given as :class:`DbNow` — from what the statement returns
+    (``INSERT … RETURNING`` on PostgreSQL, MariaDB 10.5+ and SQLite 3.35+; elsewhere one
+    INSERT per row and a read-back). ``notify``: a channel to ``NOTIFY`` within the same
+    statement where the database has them (PostgreSQL), so that listeners hear of the rows
+    when they commit. Runs in the caller's transaction if there is one; the caller keeps
+    the rows within one statement's size (:func:`batched`).
+    """
+    if not objs:
+        return
+    model = type(objs[0])
+    opts = model._meta
+    connection = connections[using]
+    fields = [f for f in opts.concrete_fields if not isinstance(f, AutoField) and not f.generated]
+    returned = [opts.pk, *(opts.get_field(name) for name in returning)]
+    one_statement = connection.features.can_return_rows_from_bulk_insert or (
+        len(objs) == 1 and connection.features.can_return_columns_from_insert
+    )
+    if one_statement:
+        _insert_returning(objs, using, fields, returned, notify)
+        return
+    # MySQL: no RETURNING. One INSERT per row for its key, then read back what the database
+    # computed.
+    for obj in objs:
+        _insert_returning([obj], using, fields, [opts.pk], notify)
+    if returning:
+        by_pk = model._base_manager.db_manager(using).only(*returning).in_bulk([obj.pk for obj in objs])
+        for obj in objs:
+            for name in returning:
+                setattr(obj, name, getattr(by_pk[obj.pk], name))
+
+
+def _insert_returning(
+    objs: Sequence[Model], using: str, fields: list[Any], returned: list[Any], notify: str | None
+) -> None:
+    query = InsertQuery(type(objs[0]))
+    query.insert_values(fields, objs)
+    compiler = query.get_compiler(using=using)
+    if notify is not None and features(using).notify:
+        plain = compiler.as_sql
+        compiler.as_sql = lambda: [notifying(sql, params, notify) for sql, params in plain()]  # type: ignore[method-assign]
+    rows = compiler.execute_sql(returned)
+    for obj, row in zip(objs, rows, strict=False):
+        for field, value in zip(returned, row, strict=False):
+            setattr(obj, field.attname, value)
+        obj._state.adding = False
+        obj._state.db = using
 
 
 def discard_if_broken(using: str) -> None:
@@ -108,6 +181,7 @@ def claim(
     changes: dict[str, Any],
     fetch: bool = False,
     overfetch: int = 2,
+    direct: bool = False,
 ) -> list[Any]:
     """Claim up to ``limit`` rows of ``queryset`` that match ``claimable``, best first.
 
@@ -115,6 +189,11 @@ def claim(
     it); ``changes`` is what the claim writes (the lease: owner, deadline via :class:`DbNow`,
     counters via ``F()``). Return the claimed primary keys in claim order, or the model
     instances as they are after the claim when ``fetch`` is true.
+
+    ``direct`` skips the candidate read (step 1): the locking read scans the queue itself,
+    skipping what rivals hold. For small claims under contention (one row at a time), where
+    every claimer's candidates would be the same head of the queue and all but one claimer
+    would lose them and scan anyway.
     """
     if limit <= 0:
         return []
@@ -129,6 +208,10 @@ def claim(
     def write(pks: list[Any]) -> list[Any]:
         if not pks:
             return []
+        if fetch and features(using).update_returning:
+            # The rows as the claim left them, from the UPDATE itself: no second read.
+            by_pk = {obj.pk: obj for obj in update_returning(rows.filter(pk__in=pks), changes)}
+            return [by_pk[pk] for pk in pks]
         rows.filter(pk__in=pks).update(**changes)
         if not fetch:
             return pks
@@ -148,6 +231,9 @@ def claim(
         # (3) write the lease; (4) commit on leaving run_in_transaction.
         locked = locking.select_for_update(skip_locked=True, of=of).values_list("pk", flat=True)[:limit]
         return write(list(locked))
+
+    if direct:
+        return run_in_transaction(model, using, lambda: lock_and_write(base), savepoint=False)
 
     # (1) Candidates, read outside the transaction: a few more than needed, so that a rival
     # holding some of them does not leave us empty-handed.
@@ -171,6 +257,30 @@ def claim(
     # Rivals held every candidate (they all read the same head of the queue). Let the index
     # scan itself skip what is locked: it finds free rows whenever there are any.
     return run_in_transaction(model, using, lambda: lock_and_write(base), savepoint=False)
+
+
+def update_returning(queryset: QuerySet[Any], changes: dict[str, Any]) -> list[Any]:
+    """``queryset.update(**changes)`` in one ``UPDATE … RETURNING`` statement; return the
+    updated rows as model instances (only where :attr:`Features.update_returning`)."""
+    model = queryset.model
+    using = queryset.db
+    connection = connections[using]
+    query = queryset.query.chain(UpdateQuery)
+    query.add_update_values(changes)
+    compiler = query.get_compiler(using)
+    sql, params = compiler.as_sql()
+    fields = model._meta.concrete_fields
+    qn = connection.ops.quote_name
+    table = model._meta.db_table
+    sql += " RETURNING " + ", ".join(f"{qn(table)}.{qn(field.column)}" for field in fields)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    converters = compiler.get_converters([field.get_col(table) for field in fields])
+    if converters:
+        rows = compiler.apply_converters(rows, converters)
+    names = [field.attname for field in fields]
+    return [model.from_db(using, names, row) for row in rows]
 
 
 def batched(values: Sequence[T], using: str, per_row: int = 1) -> Iterator[Sequence[T]]:

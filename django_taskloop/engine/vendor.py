@@ -38,10 +38,12 @@ class Features:
     #: an equality). MySQL/MariaDB need those columns left out of the ORDER BY: there, such a
     #: column in it makes the planner sort. SQLite takes either.
     order_by_repeats_null_prefix: bool = False
+    #: ``UPDATE … RETURNING`` exists (PostgreSQL, SQLite 3.35+; not MariaDB 10 or MySQL).
+    update_returning: bool = False
 
 
 @cache
-def _features(alias: str, vendor: str, skip_locked: bool, of: bool) -> Features:
+def _features(alias: str, vendor: str, skip_locked: bool, of: bool, returning: bool) -> Features:
     return Features(
         vendor=vendor,
         skip_locked=skip_locked,
@@ -51,6 +53,7 @@ def _features(alias: str, vendor: str, skip_locked: bool, of: bool) -> Features:
         # SQLite's default limit is 32766 (3.32+); MySQL and PostgreSQL take 65535.
         max_params=30_000 if vendor == "sqlite" else 60_000,
         order_by_repeats_null_prefix=vendor == "postgresql",
+        update_returning=returning and vendor in ("postgresql", "sqlite"),
     )
 
 
@@ -64,7 +67,9 @@ def features(using: str) -> Features:
         connection.ensure_connection()
         skip = bool(connection.features.has_select_for_update_skip_locked)
         of = bool(connection.features.has_select_for_update_of)
-    return _features(using, connection.vendor, skip, of)
+    # SQLite has RETURNING (for UPDATE too) where Django says it can return insert columns.
+    returning = bool(connection.features.can_return_columns_from_insert)
+    return _features(using, connection.vendor, skip, of, returning)
 
 
 class DbNow(Expression):
@@ -130,6 +135,24 @@ def _now_sql(connection: Any) -> tuple[str, list[Any]]:
     return method(None, connection)
 
 
+def data_files(using: str) -> list[str]:
+    """Return the files that change when any connection commits to database ``using``.
+
+    SQLite: the database file and its write-ahead log (a commit writes one of them), which a
+    waiter can watch for changes made by other processes without asking the database.
+    Elsewhere (a server), or for an in-memory database: none.
+    """
+    connection = connections[using]
+    if connection.vendor != "sqlite":
+        return []
+    name = str(connection.settings_dict["NAME"] or "")
+    if not name or name == ":memory:" or "mode=memory" in name:
+        return []
+    if name.startswith("file:"):
+        name = name[len("file:") :].split("?", 1)[0]
+    return [name, f"{name}-wal"]
+
+
 def is_retryable(error: BaseException, using: str) -> bool:
     """Say whether ``error`` is a deadlock, lock timeout or busy database worth retrying."""
     vendor = connections[using].vendor
@@ -142,6 +165,15 @@ def is_retryable(error: BaseException, using: str) -> bool:
     if vendor == "sqlite":
         return "locked" in str(error) or "busy" in str(error)
     return False
+
+
+def notifying(sql: str, params: Any, channel: str) -> tuple[str, list[Any]]:
+    """Wrap a data-changing statement with ``RETURNING`` so that it also sends a PostgreSQL
+    ``NOTIFY`` on ``channel`` (once, at its commit): one round trip for both."""
+    return (
+        f"WITH changed AS ({sql}) SELECT changed.*, (SELECT pg_notify(%s, '')) FROM changed",
+        [*params, channel],
+    )
 
 
 def take_write_lock(connection: Any, table: str) -> None:

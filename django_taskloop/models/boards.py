@@ -17,7 +17,7 @@ import enum
 import math
 import time
 import uuid as uuid_module
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Self
 
 from django.core.validators import RegexValidator
@@ -28,7 +28,15 @@ from .. import engine
 from ..conf import setting
 from ..exceptions import JobFailure, NotFound, TaskloopError, UnclaimableJob
 from ..signals import job_posted, job_removed
-from ..validation import check_bool, check_json, check_name, check_owner, check_seconds, check_text
+from ..validation import (
+    check_bool,
+    check_count,
+    check_json,
+    check_name,
+    check_owner,
+    check_seconds,
+    check_text,
+)
 from . import operating
 
 __all__ = [
@@ -145,7 +153,7 @@ def _check_timeout(value: Any) -> float | None:
     return None if timeout is None else max(0.0, timeout)
 
 
-def _job_uuid(job: Any) -> str:
+def _job_uuid(job: Any, name: str = "job") -> str:
     """Return the canonical uuid of ``job``: a ``Job``, a uuid ``str`` (any case) or ``UUID``."""
     if isinstance(job, Job):
         return job.uuid
@@ -155,8 +163,26 @@ def _job_uuid(job: Any) -> str:
         try:
             return str(uuid_module.UUID(job))
         except ValueError:
-            raise ValueError(f"job must be a Job or a job's uuid, not {job!r}")
-    raise TypeError(f"job must be a Job, a uuid str or a uuid.UUID, not {type(job).__name__}")
+            raise ValueError(f"{name} must be a Job or a job's uuid, not {job!r}")
+    raise TypeError(f"{name} must be a Job, a uuid str or a uuid.UUID, not {type(job).__name__}")
+
+
+def _job_uuids(jobs: Any) -> tuple[list[str], dict[str, Job]]:
+    """Return the distinct uuids of ``jobs`` (first occurrence first) and the ``Job`` instances given.
+
+    ``jobs`` is an iterable of what ``_job_uuid`` takes; every item is checked before anything
+    is written.
+    """
+    if isinstance(jobs, (str, bytes, uuid_module.UUID, Job)) or not isinstance(jobs, Iterable):
+        raise TypeError(f"jobs must be an iterable of Jobs or job uuids, not {type(jobs).__name__}")
+    uuids: dict[str, None] = {}
+    instances: dict[str, Job] = {}
+    for index, job in enumerate(jobs):
+        job_uuid = _job_uuid(job, f"jobs[{index}]")
+        uuids.setdefault(job_uuid, None)
+        if isinstance(job, Job):
+            instances.setdefault(job_uuid, job)
+    return list(uuids), instances
 
 
 def _claimable() -> Q:
@@ -167,6 +193,29 @@ def _claimable() -> Q:
 def _live_claim() -> Q:
     return Q(claimed_by__isnull=False) & (
         Q(claim_expires_at__isnull=True) | Q(claim_expires_at__gt=engine.DbNow())
+    )
+
+
+class _NotAllHeld(Exception):
+    """An optimistic ``consume_many`` found a job that its caller no longer holds."""
+
+
+def _keep_history(rows: list[Job], who: str, using: str) -> None:
+    """Keep a :class:`ConsumedJob` copy of each job of ``rows`` (as stored) consumed by ``who``."""
+    ConsumedJob.objects.db_manager(using).bulk_create(
+        [
+            ConsumedJob(
+                uuid=row.uuid,
+                board_id=row.board_id,
+                name=row.name,
+                details=row.details,
+                priority=row.priority,
+                created_on=row.created_on,
+                consumed_by=who,
+                consumed_at=engine.DbNow(),
+            )
+            for row in rows
+        ]
     )
 
 
@@ -371,11 +420,31 @@ class JobBoard(models.Model):
         """Claim the most urgent, oldest unclaimed job for ``who`` and return it, or ``None``."""
         who = check_owner(who, "who", max_length=_OWNER_LENGTH)
         expiry = check_seconds(expiry, "expiry", allow_none=True, positive=True)
+        claimed = self._claim_best(who, 1, expiry)
+        return claimed[0] if claimed else None
+
+    def claim_many(self, who: str, limit: int, expiry: float | None = None) -> list[Job]:
+        """Claim up to ``limit`` of the most urgent, oldest unclaimed jobs for ``who``.
+
+        Return them in claim order (most urgent first, then oldest), each claimed as
+        :meth:`claim_next` claims one; ``[]`` when there is none or the board is paused.
+        """
+        who = check_owner(who, "who", max_length=_OWNER_LENGTH)
+        limit = check_count(limit, "limit", minimum=1)
+        expiry = check_seconds(expiry, "expiry", allow_none=True, positive=True)
+        return self._claim_best(who, limit, expiry)
+
+    def _claim_best(self, who: str, limit: int, expiry: float | None) -> list[Job]:
         if operating.is_paused("job", self.name, self._alias, fresh=False):
-            return None
-        claimed = engine.claim(
+            return []
+        return engine.claim(
             self._jobs(),
-            limit=1,
+            limit=limit,
+            # No candidate read: every claimer would read the same head of the queue, and all
+            # but one would lose it (with one job, always) and scan anyway. The locking index
+            # scan skips what rivals hold from the start (measured: fewer statements, and no
+            # process starved, where one of four claimed 70 of 20,000 jobs before).
+            direct=True,
             claimable=_claimable(),
             order_by=["priority", "sequence"],
             changes={
@@ -387,7 +456,6 @@ class JobBoard(models.Model):
             },
             fetch=True,
         )
-        return claimed[0] if claimed else None
 
     def abandon(self, job: Any, who: str) -> None:
         """Give up ``who``'s claim on ``job``: it is UNCLAIMED again, for anyone to claim."""
@@ -425,20 +493,113 @@ class JobBoard(models.Model):
                     return
             row = self._held_by(job_uuid, who, "consume")
             if keep_history:
-                ConsumedJob(
-                    uuid=row.uuid,
-                    board_id=row.board_id,
-                    name=row.name,
-                    details=row.details,
-                    priority=row.priority,
-                    created_on=row.created_on,
-                    consumed_by=who,
-                    consumed_at=engine.DbNow(),
-                ).save(using=using, force_insert=True)
+                _keep_history([row], who, using)
             Job.objects.db_manager(using).filter(pk=row.pk).delete()
             transaction.on_commit(lambda: job_removed.send(sender=Job, job=row), using=using)
 
         engine.run_in_transaction(Job, using, work)
+
+    def consume_many(self, jobs: Iterable[Any], who: str) -> int:
+        """Consume every job of ``jobs`` that ``who`` holds (a live claim); return how many.
+
+        Each is removed as :meth:`consume` removes one (``job_removed`` at commit, a
+        :class:`ConsumedJob` copy with ``TASKLOOP["JOB_HISTORY_RETENTION"] > 0``); jobs that
+        ``who`` does not hold (claimed by another, unclaimed, expired, gone) are left alone
+        and not counted. One ``DELETE`` per slice of ids that fits a statement.
+        """
+        uuids, instances = _job_uuids(jobs)
+        who = check_owner(who, "who", max_length=_OWNER_LENGTH)
+        using = self._alias
+        keep_history = setting("JOB_HISTORY_RETENTION") > 0
+        # Whole rows only where they are needed: for the history, or for the signal of a job
+        # given by its uuid. Otherwise the caller's instances go with the signal, as in consume.
+        whole_rows = keep_history or len(instances) < len(uuids)
+
+        def work(optimistic: bool) -> int:
+            removed: list[Job] = []
+            for chunk in engine.batched(uuids, using):
+                held = self._jobs().filter(_live_claim(), uuid__in=chunk, claimed_by=who)
+                if optimistic:
+                    # Workers' path: one conditional DELETE. If it removed every job given, those
+                    # were exactly the held ones; if not, roll back and find out which were.
+                    if held.delete()[1].get(Job._meta.label, 0) != len(chunk):
+                        raise _NotAllHeld
+                    removed.extend(instances[job_uuid] for job_uuid in chunk)
+                    continue
+                held = held.select_for_update()
+                pks: list[Any]
+                if whole_rows:
+                    rows = list(held)
+                    pks = [row.pk for row in rows]
+                    if keep_history:
+                        _keep_history(rows, who, using)
+                    removed.extend(instances.get(row.uuid, row) for row in rows)
+                else:
+                    pairs = list(held.values_list("pk", "uuid"))
+                    pks = [pk for pk, _ in pairs]
+                    removed.extend(instances[job_uuid] for _, job_uuid in pairs)
+                if pks:
+                    Job.objects.db_manager(using).filter(pk__in=pks).delete()
+            if removed:
+
+                def announce() -> None:
+                    for job in removed:
+                        job_removed.send(sender=Job, job=job)
+
+                transaction.on_commit(announce, using=using)
+            return len(removed)
+
+        if not uuids:
+            return 0
+        # Optimistic only as the outermost transaction: the roll-back undoes no caller's work.
+        if not whole_rows and not connections[using].in_atomic_block:
+            try:
+                return engine.run_in_transaction(Job, using, lambda: work(optimistic=True))
+            except _NotAllHeld:
+                pass
+        return engine.run_in_transaction(Job, using, lambda: work(optimistic=False))
+
+    def abandon_many(self, jobs: Iterable[Any], who: str) -> int:
+        """Give up ``who``'s claims on ``jobs``; return how many were given up.
+
+        As :meth:`abandon` does for one; jobs that ``who`` does not hold are left alone and not
+        counted. One ``UPDATE`` per slice of ids that fits a statement.
+        """
+        uuids, _ = _job_uuids(jobs)
+        who = check_owner(who, "who", max_length=_OWNER_LENGTH)
+        using = self._alias
+
+        def work() -> int:
+            return sum(
+                self._jobs()
+                .filter(_live_claim(), uuid__in=chunk, claimed_by=who)
+                .update(claimed_by=None, claim_expires_at=None, last_modified=engine.DbNow())
+                for chunk in engine.batched(uuids, using)
+            )
+
+        if not uuids:
+            return 0
+        return engine.run_in_transaction(Job, using, work)
+
+    def extend_many(self, jobs: Iterable[Any], who: str, seconds: float) -> int:
+        """Extend ``who``'s live claims on ``jobs`` to ``seconds`` from now; return how many.
+
+        As :meth:`Job.extend_expiry` does for one, for the claims ``who`` still holds (a job
+        consumed, abandoned, lost or taken over meanwhile stays as it is). One ``UPDATE`` per
+        slice of ids that fits a statement: what a worker's heartbeat does for its batch.
+        """
+        uuids, _ = _job_uuids(jobs)
+        who = check_owner(who, "who", max_length=_OWNER_LENGTH)
+        seconds = check_seconds(seconds, "seconds", positive=True)
+        using = self._alias
+        if not uuids:
+            return 0
+        return sum(
+            self._jobs()
+            .filter(_live_claim(), trashed=False, uuid__in=chunk, claimed_by=who)
+            .update(claim_expires_at=engine.DbNow(seconds), last_modified=engine.DbNow())
+            for chunk in engine.batched(uuids, using)
+        )
 
     def trash(self, job: Any, who: str) -> None:
         """Take ``job``, claimed by ``who``, off the board for good, keeping it for review."""

@@ -355,11 +355,17 @@ class WorkerProcessManager(models.Manager["WorkerProcess"]):
         using = self.db
         rows = self.using(using)
 
-        def work() -> None:
-            updated = rows.filter(identity=identity).update(
+        def update() -> int:
+            return rows.filter(identity=identity).update(
                 beat_at=engine.DbNow(), queues=queues, holding=holding
             )
-            if not updated:
+
+        # Usually the row is there: one UPDATE on its own (an idle worker beats on and on).
+        if engine.run_in_transaction(WorkerProcess, using, update, alone=True):
+            return
+
+        def work() -> None:
+            if not update():
                 rows.create(
                     identity=identity,
                     host=host,

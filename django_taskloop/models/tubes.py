@@ -11,13 +11,13 @@ first when something is due, so they are right whether or not a reaper ever ran.
 Counters (``statistics()["calls"]`` and ``tasks.done``) live in :class:`TubeStat`: a few slot
 rows per tube, each process and thread writing the slot its identity hashes to, in the same
 transaction as the change. No single row is written by every take and ack, and
-``statistics()`` sums the slots.
+``statistics()`` sums the slots. ``put`` is not counted but derived (:func:`calls_from`), so
+that a put is one statement: its INSERT.
 """
 
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import logging
 import math
 import os
@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, models, transaction
@@ -70,8 +70,12 @@ SLOTS = 16
 # How often one process re-checks for dead consumers on its own takes (seconds); peek,
 # statistics, drop and the reaper always check.
 _STALE_CHECK_EVERY = 1.0
-# How often one process writes a consumer's heartbeat at most (seconds).
-_BEAT_EVERY = 1.0
+# How often one process writes a consumer's heartbeat at most (seconds); at most a quarter of
+# CONSUMER_TIMEOUT, so that a consumer that takes is never near its death. A worker's heartbeat
+# thread beats too (every HEARTBEAT_INTERVAL), which spares its takes the write.
+_BEAT_EVERY = 5.0
+# How often a worker's batches probe for ended delays and ttrs (seconds); a plain take always does.
+_WORKER_DUE_CHECK_EVERY = 0.25
 
 
 def default_consumer() -> str:
@@ -152,12 +156,14 @@ def _taken_key() -> Any:
 _callbacks: dict[tuple[str, int], Callable[[Task, str], Any]] = {}
 _beats: dict[tuple[str, str], float] = {}
 _stale_checks: dict[tuple[str, int], float] = {}
+_due_checks: dict[tuple[str, int], float] = {}
 
 
 def _reset_after_fork() -> None:
     # A child is a new consumer: it must beat on its own, and check for the dead afresh.
     _beats.clear()
     _stale_checks.clear()
+    _due_checks.clear()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -228,6 +234,45 @@ def _check_timeout(timeout: Any) -> float | None:
 
 
 # -- models --------------------------------------------------------------------------------
+
+
+def worth_trying(tubes: Sequence[Tube]) -> dict[int, str]:
+    """Say, in one read, which of ``tubes`` (of one database) a take may find something in now.
+
+    For waiting takes and idle workers. Return ``{tube id: what}`` for the tubes that still
+    exist: ``"due"`` if a transition is due (a delay or ttr ran out; about once a second per
+    tube, a dead consumer holds a task: the take applies it first), else ``"ready"`` if
+    something is claimable (the take may skip its own checks: ``_take(checked=True)``), else
+    ``""``; always ``""`` for a paused tube.
+    """
+    if not tubes:
+        return {}
+    using = tubes[0]._using
+    now = time.monotonic()
+    stale: set[int] = set()
+    whens = []
+    for tube in tubes:
+        key = (using, tube.pk)
+        if now - _stale_checks.get(key, -math.inf) >= _STALE_CHECK_EVERY:
+            _stale_checks[key] = now
+            stale.add(tube.pk)
+        due, ready = tube._worth(tube.pk in stale)
+        if due is not None:
+            whens.append(When(due, then=Value("due")))
+        whens.append(When(ready, then=Value("ready")))
+    rows = (
+        Tube.objects.using(using)
+        .filter(pk__in=[tube.pk for tube in tubes])
+        .annotate(worth=Case(*whens, default=Value(""), output_field=models.CharField()))
+        .order_by()
+        .values_list("pk", "worth")
+    )
+    worth = {pk: what or "" for pk, what in rows}
+    for pk in stale:
+        if worth.get(pk):
+            # Maybe a dead consumer's tasks: the take's tidy must look for itself at once.
+            _stale_checks.pop((using, pk), None)
+    return worth
 
 
 class TubeManager(models.Manager["Tube"]):
@@ -428,14 +473,11 @@ class Tube(models.Model):
         transaction.on_commit(lambda: wakeup.notify(using, pk), using=using)
 
     def _beat(self, consumer: str) -> None:
-        """Record that ``consumer`` is alive: at most once per second per process."""
-        key = (self._using, consumer)
-        now = time.monotonic()
-        if now - _beats.get(key, -math.inf) < _BEAT_EVERY:
+        """Record that ``consumer`` is alive, unless this process did so lately (see _BEAT_EVERY)."""
+        every = min(_BEAT_EVERY, float(setting("CONSUMER_TIMEOUT")) / 4)
+        if time.monotonic() - _beats.get((self._using, consumer), -math.inf) < every:
             return
         Consumer.objects.using(self._using).beat(consumer)
-        # Remember the beat only once it is durable: a rolled-back beat must be written again.
-        transaction.on_commit(lambda: _beats.__setitem__(key, now), using=self._using)
 
     def _due(self, stale: bool = True) -> Q:
         """Rows with a transition due now (a delay, ttr or ttl ran out, or the holder died)."""
@@ -540,8 +582,12 @@ class Tube(models.Model):
         self._run(work)
         return done
 
-    def _tidy_for_take(self) -> None:
-        """Before a take: apply due transitions if there are any (one cheap indexed read)."""
+    def _tidy_for_take(self, every: float = 0.0) -> None:
+        """Before a take: apply due transitions if there are any (one cheap indexed read).
+
+        ``every``: probe for ended delays and ttrs at most that often per process (a worker's
+        batches: the clock's transitions need to show within a second, not within a batch).
+        """
         key = (self._using, self.pk)
         now = time.monotonic()
         stale = now - _stale_checks.get(key, -math.inf) >= _STALE_CHECK_EVERY
@@ -551,10 +597,10 @@ class Tube(models.Model):
             if self._tasks().filter(state=TAKEN, owner__in=dead).exists():
                 self.tidy(stale=True)
                 return
-        if (
-            self._has_ttl
-            and self._tasks().filter(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow()).exists()
-        ):
+        if not self._has_ttl or (every and now - _due_checks.get(key, -math.inf) < every):
+            return
+        _due_checks[key] = now
+        if self._tasks().filter(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow()).exists():
             self.tidy(stale=False)
 
     # -- the verbs -------------------------------------------------------------------------
@@ -571,30 +617,45 @@ class Tube(models.Model):
         """Add a task holding ``data`` (any JSON value) and return it (ready, or delayed)."""
         check_json(data, "data")
         options = _check_put_options(pri, ttl, ttr, delay, utube)
-        task = self._new_task(data, *options, at=engine.DbNow)
+        task = self._new_task(data, *options)
+        self._insert([task])
+        return task
 
-        def work() -> Task:
-            self._count(put=1)
-            task.save(using=self._using, force_insert=True)
-            if task.state == READY:
-                self._wake()
-            self._emit(task, "put")
-            return task
+    def _insert(self, tasks: list[Task], check_exists: bool = True) -> None:
+        """Write new ``tasks`` as ``put`` does: INSERT … RETURNING (the deadlines the database
+        computed) with the wake-up in the same statement. One statement needs no transaction of
+        its own; more (a large ``put_many``) share one, all or nothing. No counter is written:
+        ``calls.put`` is derived (see :meth:`statistics`). ``check_exists=False``: the caller
+        knows the tube exists (inside a transaction a dropped tube would show only at commit)."""
+        using, pk = self._using, self.pk
+        chunks = list(engine.batched(tasks, using, per_row=len(Task._meta.concrete_fields)))
+        ready = any(task.state == READY for task in tasks)
+        returning = ["ttl_at", "event_at"] if self._has_ttl else []
+        channel = wakeup.channel(pk) if ready else None
+
+        check_exists = check_exists and connections[using].in_atomic_block
+        alone = len(chunks) == 1 and not check_exists
+
+        def work() -> None:
+            if check_exists:
+                # Foreign keys are checked at commit (Django makes them deferrable): inside a
+                # transaction, a put into a dropped tube would fail only at the caller's commit.
+                self._ensure_exists()
+            for chunk in chunks:
+                engine.insert(chunk, using, returning=returning, notify=channel)
 
         try:
-            self._run(work)
+            engine.run_in_transaction(Task, using, work, alone=alone)
         except IntegrityError:
             self._ensure_exists()
             raise
-        if self._has_ttl:
-            # Read back the deadlines the database computed.
-            task.refresh_from_db(using=self._using, fields=["ttl_at", "event_at"])
-        return task
+        if ready:
+            transaction.on_commit(lambda: wakeup.notify(using, pk), using=using)
+        for task in tasks:
+            self._emit(task, "put")
 
-    def _new_task(
-        self, data: Any, pri: Any, ttl: Any, ttr: Any, delay: Any, utube: Any, *, at: Callable[[float], Any]
-    ) -> Task:
-        """Build (not save) a task as ``put`` makes it; ``at(seconds)`` gives "now + seconds"."""
+    def _new_task(self, data: Any, pri: Any, ttl: Any, ttr: Any, delay: Any, utube: Any) -> Task:
+        """Build (not save) a task as ``put`` makes it (deadlines on the database's clock)."""
         task = Task(tube_id=self.pk, data=data, state=READY)
         if self._is_utube:
             task.utube = utube
@@ -606,10 +667,10 @@ class Tube(models.Model):
             delay = delay if delay and delay > 0 else 0.0
             if delay:
                 task.state = DELAYED
-                task.event_at = at(min(delay, MAX_SECONDS))
+                task.event_at = engine.DbNow(min(delay, MAX_SECONDS))
             if ttl is not None:
                 # A delay extends the lifetime: a delayed task lives delay + ttl.
-                task.ttl_at = at(min(ttl + delay, MAX_SECONDS))
+                task.ttl_at = engine.DbNow(min(ttl + delay, MAX_SECONDS))
         return task
 
     def put_many(
@@ -637,33 +698,8 @@ class Tube(models.Model):
         options = _check_put_options(pri, ttl, ttr, delay, utube)
         if not items:
             return []
-        using = self._using
-        now = engine.db_now(using)
-        tasks = [
-            self._new_task(data, *options, at=lambda seconds: now + dt.timedelta(seconds=seconds))
-            for data in items
-        ]
-        # Each row binds about ten parameters: stay within what one statement may carry.
-        per_statement = max(1, engine.features(using).max_params // 12)
-
-        def work() -> list[Task]:
-            self._count(put=len(tasks))
-            if connections[using].features.can_return_rows_from_bulk_insert:
-                Task.objects.using(using).bulk_create(tasks, batch_size=per_statement)
-            else:  # MySQL cannot return the keys of a multi-row insert: one insert per task
-                for task in tasks:
-                    task.save(using=using, force_insert=True)
-            if any(task.state == READY for task in tasks):
-                self._wake()
-            for task in tasks:
-                self._emit(task, "put")
-            return tasks
-
-        try:
-            self._run(work)
-        except IntegrityError:
-            self._ensure_exists()
-            raise
+        tasks = [self._new_task(data, *options) for data in items]
+        self._insert(tasks)
         return tasks
 
     def take(self, timeout: float | None = 0, consumer: str | None = None) -> Task | None:
@@ -680,6 +716,13 @@ class Tube(models.Model):
                 "take(timeout > 0) cannot wait inside a transaction: it would never see the commit "
                 "it waits for; use take(0) there"
             )
+        return self._wait_take(timeout, consumer)
+
+    def _wait_take(
+        self, timeout: float | None, consumer: str, stop: Callable[[], bool] | None = None
+    ) -> Task | None:
+        """``take(timeout)``; a worker passes ``stop``, which ends the wait when it says so."""
+        using = self._using
         end = None if timeout is None else time.monotonic() + timeout
         tasks = self._take(1, consumer)
         if tasks or timeout == 0:
@@ -690,32 +733,48 @@ class Tube(models.Model):
             try:
                 # One more try now that the waiter listens: a task made ready since the first
                 # try is either taken here or wakes the sleep below.
-                while True:
-                    tasks = self._take(1, consumer)
-                    if tasks:
-                        return tasks[0]
+                tasks = self._take(1, consumer)
+                while not tasks:
                     left = None if end is None else end - time.monotonic()
-                    if left is not None and left <= 0:
+                    if (left is not None and left <= 0) or (stop is not None and stop()):
                         return None
                     waiter.sleep(left)
                     registration.refresh()
-                    while not self._worth_trying() and (end is None or time.monotonic() < end):
-                        # One cheap indexed read per poll until a claim may succeed.
-                        waiter.sleep(None if end is None else end - time.monotonic())
-                        registration.refresh()
+                    # Woken by a change or by the clock: one cheap read says whether a take
+                    # may find something (or has due transitions to apply).
+                    worth = self._worth_trying()
+                    if worth:
+                        tasks = self._take(1, consumer, checked=worth == "ready")
+                return tasks[0]
             finally:
                 registration.close()
         finally:
             waiter.close()
 
-    def _worth_trying(self) -> bool:
-        """Say whether a take may find something now (a cheap read, for waiting takes)."""
-        key = (self._using, self.pk)
-        if time.monotonic() - _stale_checks.get(key, -math.inf) >= _STALE_CHECK_EVERY:
-            return True
-        if self._tasks().filter(self._claimable()).exists():
-            return True
-        return self._has_ttl and self._tasks().filter(self._due(stale=False)).exists()
+    def _worth_trying(self) -> str:
+        """Say whether a take may find something now: one read, for waiting takes (see
+        :func:`worth_trying`). Raises :class:`NotFound` if the tube is gone."""
+        worth = worth_trying([self])
+        if self.pk not in worth:
+            raise self._gone()
+        return worth[self.pk]
+
+    def _worth(self, stale: bool) -> tuple[Q | None, Q]:
+        """On tube rows: this tube, not paused, with a transition due (a delay or ttr ran out;
+        with ``stale``, a dead consumer holds a task; ``None`` if nothing can be); the same with
+        something claimable."""
+        tasks = Task.objects.filter(tube_id=self.pk)
+        due = []
+        if self._has_ttl:
+            # (What _tidy_for_take applies: a ready task past its ttl is not worth a take.)
+            due.append(Exists(tasks.filter(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow())))
+        if stale:
+            dead = Consumer.objects.dead().values("name")
+            due.append(Exists(tasks.filter(state=TAKEN, owner__in=dead)))
+        paused = operating.PausedQueue.objects.filter(kind="task", queue=self.name)
+        this = Q(pk=self.pk) & ~Q(Exists(paused))
+        ready = this & Q(Exists(tasks.filter(self._claimable())))
+        return (this & Q(*due, _connector=Q.OR) if due else None), ready
 
     def take_many(self, limit: int, consumer: str | None = None) -> list[Task]:
         """Take up to ``limit`` ready tasks at once for ``consumer`` (no waiting)."""
@@ -749,13 +808,37 @@ class Tube(models.Model):
         # claim index serve it (PostgreSQL would otherwise walk the primary key and filter).
         return ["pri", "id"]
 
-    def _take(self, limit: int, consumer: str) -> list[Task]:
+    def ack_and_take(
+        self, task_ids: Iterable[int], limit: int, consumer: str | None = None
+    ) -> tuple[int, list[Task]]:
+        """Finish the tasks of ``task_ids`` that ``consumer`` holds and take up to ``limit``
+        ready ones, in one transaction: what a worker does between two batches (one commit and
+        one counter write instead of two of each). Return ``(acknowledged, taken)``."""
+        ids = _check_task_ids(task_ids)
+        limit = check_count(limit, "limit")
+        consumer = _check_consumer(consumer)
+        return self._take(limit, consumer, ack=ids, due_every=_WORKER_DUE_CHECK_EVERY)
+
+    def _take(
+        self,
+        limit: int,
+        consumer: str,
+        ack: list[int] | None = None,
+        due_every: float = 0.0,
+        checked: bool = False,
+    ) -> Any:
+        """Take up to ``limit`` tasks; with ``ack``, first finish those (and return both).
+        ``checked``: a read of worth_trying() just found the tube not paused and nothing due,
+        so neither needs another look."""
         self._beat(consumer)
-        if operating.is_paused("task", self.name, self._using, fresh=False):
+        if not limit or (not checked and operating.is_paused("task", self.name, self._using, fresh=False)):
             # Paused: hand out nothing (a waiting take keeps waiting, polling the pause).
-            self._ensure_exists()
-            return []
-        self._tidy_for_take()
+            if ack is None:
+                self._ensure_exists()
+                return []
+            return self.ack_many(ack, consumer), []
+        if not checked:
+            self._tidy_for_take(due_every)
         # attempts counts takes, so that a worker can bury a task that keeps failing.
         changes: dict[str, Any] = {"state": TAKEN, "owner": consumer, "attempts": F("attempts") + 1}
         if self._has_ttl:
@@ -764,9 +847,11 @@ class Tube(models.Model):
             changes["taken_key"] = _taken_key()
         claimable = self._claimable()
 
-        def work() -> list[Task]:
+        def work() -> tuple[int, list[Task]]:
+            acked = self._ack_rows(ack, consumer) if ack else 0
             # utube: the claimable rows are the sub-queue heads, so one batch never holds two
-            # tasks of one sub-queue.
+            # tasks of one sub-queue. A batch claim scans the claim index itself (no candidate
+            # read first): with SKIP LOCKED it finds free rows past what rivals hold.
             tasks = engine.claim(
                 self._tasks(),
                 limit=limit,
@@ -774,26 +859,26 @@ class Tube(models.Model):
                 order_by=self._order(),
                 changes=changes,
                 fetch=True,
+                direct=limit > 1,
             )
-            if tasks:
-                self._count(take=len(tasks))
-                for task in tasks:
-                    self._emit(task, "take")
-            return tasks
+            self._count(take=len(tasks), ack=acked, done=acked)
+            for task in tasks:
+                self._emit(task, "take")
+            return acked, tasks
 
         for attempt in range(5):
             try:
-                tasks = self._run(work)
+                acked, tasks = self._run(work)
             except IntegrityError:
                 # utube: a rival took another task of the same sub-queue first (the unique
                 # taken_key refused ours), or a stale holder still blocks it. Look again.
                 if attempt >= 1:
                     self.tidy()
                 continue
-            if not tasks:
+            if not tasks and not acked:
                 self._ensure_exists()
-            return tasks
-        return []
+            return tasks if ack is None else (acked, tasks)
+        return [] if ack is None else (self.ack_many(ack, consumer), [])
 
     def ack(self, task_id: int, consumer: str | None = None) -> Task:
         """Finish the task ``consumer`` holds: remove it and return it with state ``"-"``."""
@@ -832,22 +917,9 @@ class Tube(models.Model):
         if not ids:
             return 0
         self._beat(consumer)
-        held = self._held(consumer)
-        watched = (self._using, self.pk) in _callbacks
 
         def work() -> int:
-            total = 0
-            for chunk in engine.batched(ids, self._using):
-                rows = self._tasks().filter(held, pk__in=chunk)
-                if watched:
-                    tasks = list(rows.select_for_update())
-                    n = self._tasks().filter(pk__in=[t.pk for t in tasks])._raw_delete(self._using)
-                    for task in tasks:
-                        task.state, task.owner, task.taken_key = DONE, None, None
-                        self._emit(task, "delete")
-                else:
-                    n = rows._raw_delete(self._using)
-                total += n
+            total = self._ack_rows(ids, consumer)
             if total:
                 self._count(ack=total, done=total)
             else:
@@ -855,6 +927,24 @@ class Tube(models.Model):
             return total
 
         return self._run(work)
+
+    def _ack_rows(self, ids: list[int], consumer: str) -> int:
+        """Delete the tasks of ``ids`` that ``consumer`` holds (in the current transaction)."""
+        held = self._held(consumer)
+        watched = (self._using, self.pk) in _callbacks
+        total = 0
+        for chunk in engine.batched(ids, self._using):
+            rows = self._tasks().filter(held, pk__in=chunk)
+            if watched:
+                tasks = list(rows.select_for_update())
+                n = self._tasks().filter(pk__in=[t.pk for t in tasks])._raw_delete(self._using)
+                for task in tasks:
+                    task.state, task.owner, task.taken_key = DONE, None, None
+                    self._emit(task, "delete")
+            else:
+                n = rows._raw_delete(self._using)
+            total += n
+        return total
 
     def release(self, task_id: int, delay: float | None = None, consumer: str | None = None) -> Task:
         """Give back the task ``consumer`` holds: ready again, or delayed by ``delay`` seconds."""
@@ -1043,7 +1133,10 @@ class Tube(models.Model):
 
         def work() -> int:
             self._ensure_exists()
-            return self._tasks()._raw_delete(self._using)
+            removed = self._tasks()._raw_delete(self._using)
+            # Not a call counter: it keeps the derived calls.put right (see statistics()).
+            self._count(truncated=removed)
+            return removed
 
         return self._run(work)
 
@@ -1082,18 +1175,13 @@ class Tube(models.Model):
         by_state = dict(
             self._tasks().order_by().values("state").annotate(n=Count("pk")).values_list("state", "n")
         )
-        columns = [*(_COLUMN[name] for name in CALLS), "done"]
-        sums = (
-            TubeStat.objects.using(self._using)
-            .filter(tube_id=self.pk)
-            .aggregate(**{column: Sum(column) for column in columns})
-        )
+        sums = TubeStat.objects.using(self._using).filter(tube_id=self.pk).sums()
         tasks = {
             "taken": by_state.get(TAKEN, 0),
             "buried": by_state.get(BURIED, 0),
             "ready": by_state.get(READY, 0),
             "delayed": by_state.get(DELAYED, 0),
-            "done": int(sums["done"] or 0),
+            "done": sums["done"],
         }
         tasks["total"] = tasks["taken"] + tasks["buried"] + tasks["ready"] + tasks["delayed"]
         if not apply_transitions:
@@ -1103,8 +1191,7 @@ class Tube(models.Model):
                 .order_by()
                 .count()
             )
-        calls = {name: int(sums[_COLUMN[name]] or 0) for name in CALLS}
-        return {"tasks": tasks, "calls": calls}
+        return {"tasks": tasks, "calls": calls_from(sums, tasks["total"])}
 
     def on_task_change(
         self, callback: Callable[[Task, str], Any] | None
@@ -1176,6 +1263,27 @@ class Task(models.Model):
         return f"task {self.pk} ({names.get(self.state, self.state)})"
 
 
+def calls_from(sums: dict[str, int], rows: int) -> dict[str, int]:
+    """Return ``statistics()["calls"]`` from a tube's summed counters and its number of tasks.
+
+    ``put`` is derived rather than counted, so that a put writes nothing but its task: every
+    task put is still in the tube, or was removed by a count of ``done`` (ack, delete, ttl), or
+    by ``truncate`` (counted apart, since truncate changes no call counter). A put rolled back
+    leaves no task, so no count either.
+    """
+    calls = {name: sums[_COLUMN[name]] for name in CALLS if name != "put"}
+    calls["put"] = rows + sums["done"] + sums["truncated"]
+    return {name: calls[name] for name in CALLS}
+
+
+class TubeStatQuerySet(models.QuerySet["TubeStat"]):
+    def sums(self) -> dict[str, int]:
+        """Sum the counter slots: every call counter but ``put``, ``done`` and ``truncated``."""
+        columns = [_COLUMN[name] for name in CALLS if name != "put"] + ["done", "truncated"]
+        sums = self.aggregate(**{column: Sum(column) for column in columns})
+        return {column: int(value or 0) for column, value in sums.items()}
+
+
 class TubeStat(models.Model):
     """One counter slot of a tube; ``statistics()`` sums a tube's slots."""
 
@@ -1185,7 +1293,6 @@ class TubeStat(models.Model):
     bury = models.BigIntegerField(default=0)
     deleted = models.BigIntegerField(default=0)
     kick = models.BigIntegerField(default=0)
-    put = models.BigIntegerField(default=0)
     release = models.BigIntegerField(default=0)
     take = models.BigIntegerField(default=0)
     touch = models.BigIntegerField(default=0)
@@ -1193,6 +1300,10 @@ class TubeStat(models.Model):
     ttr = models.BigIntegerField(default=0)
     delay = models.BigIntegerField(default=0)
     done = models.BigIntegerField(default=0)
+    #: Tasks removed by truncate (which counts no call): keeps the derived ``put`` right.
+    truncated = models.BigIntegerField(default=0)
+
+    objects = TubeStatQuerySet.as_manager()
 
     class Meta:
         app_label = "django_taskloop"
@@ -1210,6 +1321,14 @@ class ConsumerQuerySet(models.QuerySet["Consumer"]):
 
     def beat(self, name: str) -> None:
         """Record a heartbeat of consumer ``name`` (database time)."""
+        key, now = (self.db, name), time.monotonic()
+        # Remember the beat only once it is durable: a rolled-back beat must be written again.
+        remember = lambda: _beats.__setitem__(key, now)  # noqa: E731
+        # Usually the row is there: one UPDATE on its own (an idle worker beats on and on).
+        update = lambda: self.filter(name=name).update(last_seen=engine.DbNow())  # noqa: E731
+        if engine.run_in_transaction(self.model, self.db, update, alone=True):
+            transaction.on_commit(remember, using=self.db)
+            return
 
         def work() -> None:
             if self.filter(name=name).update(last_seen=engine.DbNow()):
@@ -1223,6 +1342,7 @@ class ConsumerQuerySet(models.QuerySet["Consumer"]):
         # Through the engine: on SQLite many writers can keep the database locked for a while,
         # and a heartbeat must be retried like any other write, not fail the caller's take().
         engine.run_in_transaction(self.model, self.db, work)
+        transaction.on_commit(remember, using=self.db)
 
     def forget_dead(self) -> int:
         """Delete dead consumers that hold no task; return how many."""

@@ -204,17 +204,20 @@ def tube(
     return decorate
 
 
-def board(name: str, *, expiry: float = 600) -> Callable[[Callable[[Any], Any]], Handler]:
+def board(name: str, *, batch: int = 100, expiry: float = 600) -> Callable[[Callable[[Any], Any]], Handler]:
     """Register the decorated function to be called with each job claimed from board ``name``.
 
-    Each claim expires after ``expiry`` seconds unless renewed; the worker renews it while the
-    handler runs. The board is created when the worker starts if it does not exist.
+    Jobs are claimed ``batch`` at a time (most urgent, oldest first) and run one after the
+    other; ``batch=1`` leaves the rest of the board to other workers, for long jobs. Each claim
+    expires after ``expiry`` seconds unless renewed; the worker renews it while the batch is in
+    hand. The board is created when the worker starts if it does not exist.
     """
     name = check_name(name, "name")
+    batch = check_count(batch, "batch", minimum=1)
     expiry = check_seconds(expiry, "expiry", positive=True)
 
     def decorate(func: Callable[[Any], Any]) -> Handler:
-        return _register(Handler("board", name, func, name, batch=1, lease=expiry))
+        return _register(Handler("board", name, func, name, batch=batch, lease=expiry))
 
     return decorate
 

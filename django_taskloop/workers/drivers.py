@@ -10,11 +10,11 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..conf import setting
-from ..exceptions import NotFound, NotTaken, TaskloopError
+from ..exceptions import NotFound, NotTaken
 from . import Handler, run_interruptibly
 
 logger = logging.getLogger("django_taskloop.workers")
@@ -92,6 +92,12 @@ class Driver:
 
     def done(self, items: Sequence[Any]) -> None:
         raise NotImplementedError
+
+    def done_and_claim(self, items: Sequence[Any], limit: int) -> list[Any]:
+        """Settle ``items`` as done and claim the next batch (``limit`` 0: none); facades that
+        can do both in one transaction do."""
+        self.done(items)
+        return self.claim(limit) if limit else []
 
     def failed(self, item: Any, error: BaseException) -> str:
         """Deal with a handler failure on ``item``; return what was done, for the log line
@@ -215,20 +221,32 @@ class TubeDriver(Driver):
     def _ttl_type(self) -> bool:
         return str(self.tube.type).endswith("ttl")
 
-    def claim(self, limit: int) -> list[Any]:
+    def claim(self, limit: int, checked: bool = False) -> list[Any]:
+        """Take up to ``limit`` tasks; ``checked``: a worth_trying() read just found the tube
+        not paused and nothing due (the take skips those looks)."""
+        if checked:
+            return self.tube._take(limit, self.identity, checked=True)
         return self.tube.take_many(limit, consumer=self.identity)
 
-    def wait_one(self, timeout: float) -> list[Any]:
-        """Wait up to ``timeout`` seconds for one task; ``take`` wakes as soon as one is put."""
-        task = self.tube.take(timeout, consumer=self.identity)
+    def wait_one(self, timeout: float, stop: Callable[[], bool] | None = None) -> list[Any]:
+        """Wait up to ``timeout`` seconds for one task (less if ``stop()`` says so); ``take``
+        wakes as soon as one is put."""
+        task = self.tube._wait_take(timeout, self.identity, stop)
         return [task] if task is not None else []
 
     def key(self, item: Any) -> Any:
         return item.id
 
     def done(self, items: Sequence[Any]) -> None:
+        self._acked(items, self.tube.ack_many([task.id for task in items], consumer=self.identity))
+
+    def done_and_claim(self, items: Sequence[Any], limit: int) -> list[Any]:
+        acked, taken = self.tube.ack_and_take([task.id for task in items], limit, consumer=self.identity)
+        self._acked(items, acked)
+        return taken
+
+    def _acked(self, items: Sequence[Any], acked: int) -> None:
         ids = [task.id for task in items]
-        acked = self.tube.ack_many(ids, consumer=self.identity)
         if acked < len(ids):
             # The lease ran out under the handler (ttr passed without a beat, or this
             # consumer was taken for dead): those tasks are back in the queue and will run again.
@@ -281,7 +299,7 @@ class TubeDriver(Driver):
 
 
 class BoardDriver(Driver):
-    """TaskFlow job boards: ``claim_next``, ``consume``, retry after a delay then ``trash``."""
+    """TaskFlow job boards: ``claim_many``/``consume_many``, retry after a delay then ``trash``."""
 
     noun = "job"
     queue_kind = "job"
@@ -301,8 +319,7 @@ class BoardDriver(Driver):
         self.board = JobBoard.objects.create_board(self.handler.target, if_not_exists=True)
 
     def claim(self, limit: int) -> list[Any]:
-        job = self.board.claim_next(self.identity, expiry=self.handler.lease)
-        return [job] if job is not None else []
+        return self.board.claim_many(self.identity, limit, expiry=self.handler.lease)
 
     def key(self, item: Any) -> Any:
         return item.uuid
@@ -311,8 +328,16 @@ class BoardDriver(Driver):
         return f"job {item.name} ({item.uuid}) of {self.describe_queue()}"
 
     def done(self, items: Sequence[Any]) -> None:
-        for job in items:
-            self.board.consume(job, self.identity)
+        consumed = self.board.consume_many(items, self.identity)
+        if consumed < len(items):
+            # The claim expired under the handler (no heartbeat for the whole expiry), or an
+            # operator abandoned or trashed the job: those jobs are not ours to consume.
+            logger.warning(
+                "board %s: %d of %d finished jobs had lost their claim",
+                self.board.name,
+                len(items) - consumed,
+                len(items),
+            )
         self._forget([job.uuid for job in items])
 
     def failed(self, item: Any, error: BaseException) -> str:
@@ -331,15 +356,13 @@ class BoardDriver(Driver):
         return f"(attempt {attempts} of {most}), retrying in {delay:g} s"
 
     def give_back(self, items: Sequence[Any]) -> None:
-        for job in items:
-            try:
-                self.board.abandon(job, self.identity)
-            except TaskloopError:
-                pass  # the claim expired meanwhile: the job is already free
+        # Jobs whose claim expired meanwhile are already free: abandon_many skips them.
+        if items:
+            self.board.abandon_many(items, self.identity)
 
     def renew(self, items: Sequence[Any]) -> None:
-        for job in items:
-            job.extend_expiry(self.handler.lease)
+        # Only the live claims this worker still holds are extended, one statement per slice.
+        self.board.extend_many(items, self.identity, self.handler.lease)
 
     def beat(self) -> None:
         self.board.register_entity(

@@ -24,6 +24,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
+from .. import wakeup
 from ..conf import setting
 from ..exceptions import DatabaseBusy
 from ..reaper import format_report, reap
@@ -36,8 +37,12 @@ logger = logging.getLogger("django_taskloop.workers")
 
 #: Seconds between two runs of the reaper in a long-running worker process.
 REAP_EVERY = 60.0
+#: Seconds between two writes of a worker's throughput counts (the dashboard's per-minute rows).
+THROUGHPUT_EVERY = 1.0
 #: Database errors in a row after which a worker gives up (its supervisor restarts it).
 MAX_CONSECUTIVE_ERRORS = 10
+#: Longest wait of an idle one-tube worker in one take (a stop ends it within a poll).
+IDLE_WAIT = 30.0
 
 
 @dataclass
@@ -73,6 +78,11 @@ class Worker:
         # stop gives back.
         self.inflight: dict[Driver, list[Any]] = {}
         self.inflight_lock = threading.Lock()
+        # The next batch, claimed in the transaction that acknowledged the last one.
+        self.prefetched: dict[Driver, list[Any]] = {}
+        # Done / failed / given back per driver, not yet written: the heartbeat thread writes
+        # them once a second (THROUGHPUT_EVERY), off the batches' path.
+        self.throughput: dict[Driver, list[int]] = {}
         # A supervised child stops when its supervisor is gone (kill -9 of the supervisor);
         # a worker run on its own may well outlive the shell that started it.
         self._parent = os.getppid() if supervised else None
@@ -85,6 +95,9 @@ class Worker:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGALRM, self._on_alarm)
+        # A worker started with them blocked (by a parent that had them so) would never hear
+        # a stop: the handlers above are the whole story.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         return previous
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -132,6 +145,8 @@ class Worker:
         """Work until stopped; return the process exit status (0 when all went well)."""
         for driver in self.drivers:
             driver.prepare()
+        # One LISTEN session (PostgreSQL) for the life of this worker, not one per wait.
+        wakeup.keep_listeners()
         previous = self.install_signals()
         beating = threading.Event()
         heart = threading.Thread(
@@ -140,6 +155,9 @@ class Worker:
         heart.start()
         started = time.monotonic()
         idle = float(setting("POLL_MIN"))
+        tubes = [driver for driver in self.drivers if isinstance(driver, TubeDriver)]
+        # Tubes that the last poll found nothing in: the round after it does not claim there.
+        skip: set[Driver] = set()
         try:
             errors = 0
             while not self.stopping:
@@ -148,7 +166,9 @@ class Worker:
                     for driver in self.drivers:
                         if self.stopping:
                             break
-                        worked += self.run_batch(driver)
+                        if driver in self.prefetched or driver not in skip:
+                            worked += self.run_batch(driver, self.prefetched.pop(driver, ()))
+                    skip = set()
                     errors = 0
                 except (DatabaseError, DatabaseBusy):
                     errors = self._database_error(errors)
@@ -163,28 +183,99 @@ class Worker:
                     break
                 if len(self.drivers) == 1 and isinstance(self.drivers[0], TubeDriver):
                     # One tube: block in take(timeout), which wakes on a put at once (NOTIFY on
-                    # PostgreSQL, a backed-off poll elsewhere); the next round claims in bulk.
+                    # PostgreSQL, a backed-off poll elsewhere) and costs one cheap read per poll
+                    # meanwhile; the next round claims in bulk.
                     driver = self.drivers[0]
                     try:
-                        first = driver.wait_one(1.0)
+                        first = driver.wait_one(IDLE_WAIT, stop=self._idle_over)
                         if first:
                             self.run_batch(driver, first)
                     except (DatabaseError, DatabaseBusy):
                         errors = self._database_error(errors)
                     continue
-                # Idle: one indexed query per handler per poll, polls spaced out up to POLL_MAX.
+                if len(tubes) == len(self.drivers) and len({driver.using for driver in tubes}) == 1:
+                    # Several tubes of one database: sleep on all their wake-ups at once.
+                    try:
+                        self._wait_tubes(tubes)
+                    except (DatabaseError, DatabaseBusy):
+                        errors = self._database_error(errors)
+                    continue
+                # Idle: polls spaced out up to POLL_MAX; one indexed query per loop and board,
+                # and one read for all the tubes, which are claimed from only if it says so.
                 self.wake.wait(idle)
                 idle = min(idle * float(setting("POLL_FACTOR")), float(setting("POLL_MAX")))
+                try:
+                    skip = self._not_worth_trying(tubes)
+                except (DatabaseError, DatabaseBusy):
+                    skip = set()  # the round claims from them, and deals with the error
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+            self._give_back_prefetched()
             beating.set()
             heart.join(timeout=30)
             self.log_summary(time.monotonic() - started)
             connections.close_all()
+            wakeup.close_listeners()
             # Run in-process (call_command), the caller gets its own handlers back.
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return 0
+
+    def _give_back_prefetched(self) -> None:
+        """Give back batches claimed ahead that will not run now (a stop came first)."""
+        for driver, items in list(self.prefetched.items()):
+            try:
+                driver.give_back(items)
+            except Exception:
+                # Their leases run out and they come back: nothing is lost.
+                logger.exception("%s: could not give back %d items", driver.describe_queue(), len(items))
+            self.tallies[driver.handler.name].given_back += len(items)
+            self._record_throughput(driver, 0, 0, len(items))
+            self.prefetched.pop(driver, None)
+        with self.inflight_lock:
+            self.inflight.clear()
+
+    def _wait_tubes(self, tubes: list[TubeDriver]) -> int:
+        """Idle, every handler a tube of one database: sleep on their wake-ups together, with
+        one read per poll for all of them, until some are worth a take (run a batch of each,
+        return how many ran), a stop, or ``IDLE_WAIT`` seconds."""
+        from ..models.tubes import worth_trying
+
+        by_pk = {driver.tube.pk: driver for driver in tubes}
+        waiter = wakeup.Waiter(tubes[0].using, list(by_pk))
+        try:
+            end = time.monotonic() + IDLE_WAIT
+            # First a read now that the waiter listens: a put since the last round shows here.
+            while not self._idle_over():
+                worth = worth_trying([driver.tube for driver in tubes])
+                worked = 0
+                for pk, driver in by_pk.items():
+                    if worth.get(pk) and not self.stopping:
+                        items = driver.claim(driver.handler.batch, checked=worth[pk] == "ready")
+                        if items:
+                            worked += self.run_batch(driver, items)
+                left = end - time.monotonic()
+                if worked or left <= 0:
+                    return worked
+                waiter.sleep(left)
+            return 0
+        finally:
+            waiter.close()
+
+    def _not_worth_trying(self, tubes: list[TubeDriver]) -> set[Driver]:
+        """Return the tube drivers whose tube has nothing worth a take now (a read per database)."""
+        from ..models.tubes import worth_trying
+
+        skip: set[Driver] = set()
+        for using in {driver.using for driver in tubes}:
+            mine = [driver for driver in tubes if driver.using == using]
+            worth = worth_trying([driver.tube for driver in mine])
+            skip.update(driver for driver in mine if not worth.get(driver.tube.pk, True))
+        return skip
+
+    def _idle_over(self) -> bool:
+        """Say whether an idle wait must end: a stop came, or the supervisor is gone."""
+        return self.stopping or (self._parent is not None and os.getppid() != self._parent)
 
     def _database_error(self, errors: int) -> int:
         """Log the database error being handled, reconnect, back off; re-raise when it persists.
@@ -274,10 +365,13 @@ class Worker:
             pass
         finally:
             t2 = time.monotonic()
-            # Acknowledge what finished even when stopping: nothing done is run twice.
-            if finished:
-                driver.done(finished)
+            # Acknowledge what finished even when stopping: nothing done is run twice. Unless
+            # stopping, claim the next batch in the same transaction.
             left = [item for item in items if driver.key(item) not in settled]
+            more: list[Any] = []
+            if finished:
+                claim_next = 0 if (self.stopping or self.aborting or left) else driver.handler.batch
+                more = driver.done_and_claim(finished, claim_next)
             if left:
                 driver.give_back(left)
                 if trace:
@@ -285,6 +379,10 @@ class Worker:
                         logger.debug("%s: given back", driver.describe(item))
             with self.inflight_lock:
                 self.inflight.pop(driver, None)
+                if more:
+                    # Held from now on: the heartbeat renews them until their batch runs.
+                    self.inflight[driver] = list(more)
+                    self.prefetched[driver] = more
             self._record_throughput(driver, done, failed, len(left))
             t3 = time.monotonic()
             tally.batches += 1
@@ -324,19 +422,32 @@ class Worker:
             logger.exception("could not record the failure of %s", driver.describe(item))
 
     def _record_throughput(self, driver: Driver, done: int, failed: int, given_back: int) -> None:
+        """Count what a batch settled; :meth:`_flush_throughput` writes it."""
+        with self.inflight_lock:
+            counts = self.throughput.setdefault(driver, [0, 0, 0])
+            counts[0] += done
+            counts[1] += failed
+            counts[2] += given_back
+
+    def _flush_throughput(self) -> None:
+        """Write the counts gathered since the last flush (one row update per queue)."""
         from ..models.operating import record_throughput
 
-        try:
-            record_throughput(
-                driver.queue_kind,
-                driver.queue,
-                done=done,
-                failed=failed,
-                given_back=given_back,
-                using=driver.using,
-            )
-        except Exception:
-            logger.exception("could not record the throughput of %s", driver.describe_queue())
+        with self.inflight_lock:
+            pending, self.throughput = self.throughput, {}
+        for driver, (done, failed, given_back) in pending.items():
+            try:
+                record_throughput(
+                    driver.queue_kind,
+                    driver.queue,
+                    done=done,
+                    failed=failed,
+                    given_back=given_back,
+                    using=driver.using,
+                )
+            except Exception:
+                logger.exception("could not record the throughput of %s", driver.describe_queue())
+                self._record_throughput(driver, done, failed, given_back)  # next time, then
 
     def _beat_as_process(self) -> None:
         """Say that this worker process is alive, what it serves and what it holds now."""
@@ -359,10 +470,19 @@ class Worker:
         # consumers), spread out so that N processes do not all reap at once.
         next_reap = time.monotonic() + REAP_EVERY * random.uniform(0.5, 1.0)
         next_process_beat = 0.0
+        next_flush = time.monotonic() + THROUGHPUT_EVERY
         try:
             while True:
+                if time.monotonic() >= next_flush:
+                    next_flush = time.monotonic() + THROUGHPUT_EVERY
+                    self._flush_throughput()
                 if time.monotonic() >= next_process_beat:
-                    next_process_beat = time.monotonic() + min(float(setting("HEARTBEAT_INTERVAL")), 5.0)
+                    # Every 5 s while holding work (the dashboard shows what); an idle worker
+                    # has nothing new to say: every HEARTBEAT_INTERVAL.
+                    with self.inflight_lock:
+                        holding = any(self.inflight.values())
+                    pace = float(setting("HEARTBEAT_INTERVAL"))
+                    next_process_beat = time.monotonic() + (min(pace, 5.0) if holding else pace)
                     try:
                         self._beat_as_process()
                     except Exception:
@@ -391,10 +511,11 @@ class Worker:
                         logger.exception(
                             "heartbeat of %s %s failed", driver.handler.kind, driver.handler.name
                         )
-                pause = min([*due.values(), next_reap, next_process_beat]) - time.monotonic()
+                pause = min([*due.values(), next_reap, next_process_beat, next_flush]) - time.monotonic()
                 if stop.wait(max(0.01, pause)):
                     return
         finally:
+            self._flush_throughput()
             try:
                 from ..models import WorkerProcess
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from typing import Any
 
@@ -9,6 +11,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_taskloop.reaper import format_report, reap
+
+#: Seconds a stopped ``--every`` loop may take to finish its round before the process ends anyway.
+STOP_WITHIN = 20
 
 
 class Command(BaseCommand):
@@ -30,14 +35,31 @@ class Command(BaseCommand):
             raise CommandError(
                 f"--database {database!r} is not a database alias; known: {', '.join(connections)}"
             )
-        try:
-            while True:
-                started = time.monotonic()
-                for line in format_report(reap(database)):
-                    self.stdout.write(line)
-                if every is None:
-                    return
-                self.stdout.flush()
-                time.sleep(max(0.0, every - (time.monotonic() - started)))
-        except KeyboardInterrupt:
+        if every is None:
+            for line in format_report(reap(database)):
+                self.stdout.write(line)
             return
+        # Stop between two rounds, never in the middle of one: the first SIGINT/SIGTERM ends the
+        # sleep at once or lets the round in hand finish; a second one (or a round still stuck
+        # STOP_WITHIN seconds later, e.g. on a locked SQLite file) ends the process.
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if stop.is_set():
+                raise SystemExit(128 + signum)
+            stop.set()
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(STOP_WITHIN)
+
+        # Explicitly ours: a process started in the background of a shell (or by a parent that
+        # had them blocked) inherits SIGINT ignored or both blocked, and would never stop.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, on_signal)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+        while not stop.is_set():
+            started = time.monotonic()
+            for line in format_report(reap(database)):
+                self.stdout.write(line)
+            self.stdout.flush()
+            stop.wait(max(0.0, every - (time.monotonic() - started)))
+        signal.alarm(0)

@@ -25,7 +25,7 @@ def tube_task(task: Any) -> None:
     _log("r-tube", task.id)
 
 
-@board("r-board", expiry=LEASE)
+@board("r-board", batch=20, expiry=LEASE)
 def board_job(job: Any) -> None:
     _log("r-board", job.name)
 

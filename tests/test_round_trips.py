@@ -1,0 +1,166 @@
+"""Enqueue is the call every web request makes: a put is one statement, a Django Task two.
+
+Counted with Django's own query capture, outside any transaction (``transaction=True``), as a
+view calls them. Statements only: the capture does not show BEGIN/COMMIT, so the tests also
+say that a put opens no transaction of its own (autocommit: one round trip).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from django_taskloop.engine import db_now, features
+from django_taskloop.exceptions import NotFound
+from django_taskloop.models import TaskRecord, Tube
+
+from .workers_util import add
+
+try:
+    from django.tasks import TaskResultStatus
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import TaskResultStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _statements(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries]
+
+
+@pytest.mark.parametrize("type", ["fifo", "fifottl", "utube", "utubettl"])
+def test_a_put_is_one_statement_and_no_transaction_of_its_own(type, monkeypatch):
+    tube = Tube.objects.create_tube("one", type, ttl=600, ttr=30)
+    opened = []
+    real_atomic = transaction.Atomic.__enter__
+    monkeypatch.setattr(transaction.Atomic, "__enter__", lambda self: opened.append(1) or real_atomic(self))
+    with CaptureQueriesContext(connection) as queries:
+        task = tube.put({"n": 1}, pri=2, delay=5 if type.endswith("ttl") else None, utube="k")
+    assert len(_statements(queries)) == 1, _statements(queries)
+    assert _statements(queries)[0].lstrip().upper().startswith(("INSERT", "WITH"))
+    assert opened == []
+    # What the database computed came back with the statement.
+    stored = Tube.objects.get(pk=tube.pk).peek(task.pk)
+    assert (task.pk, task.state, task.ttl_at, task.event_at) == (
+        stored.pk,
+        stored.state,
+        stored.ttl_at,
+        stored.event_at,
+    )
+    if type.endswith("ttl"):
+        assert task.state == "~" and task.event_at is not None and task.ttl_at > task.event_at
+
+
+def test_put_many_is_one_statement():
+    tube = Tube.objects.create_tube("many", "fifottl", ttl=600)
+    with CaptureQueriesContext(connection) as queries:
+        tasks = tube.put_many([{"n": n} for n in range(500)], delay=1)
+    assert len(_statements(queries)) == 1, _statements(queries)
+    assert all(t.ttl_at is not None and t.event_at is not None for t in tasks)
+    assert tube.statistics()["calls"]["put"] == 500
+
+
+def test_put_into_a_dropped_tube_is_not_found_and_counts_nothing():
+    tube = Tube.objects.create_tube("gone", "fifo")
+    Tube.objects.get(pk=tube.pk).drop()
+    with pytest.raises(NotFound):
+        tube.put(1)
+    with pytest.raises(NotFound):
+        tube.put_many([1, 2])
+    with pytest.raises(NotFound), transaction.atomic():
+        tube.put(1)
+
+
+def test_derived_put_counts_every_put_and_nothing_rolled_back():
+    tube = Tube.objects.create_tube("count", "fifottl")
+    tube.put(1)
+    tube.put_many([2, 3, 4])
+    with transaction.atomic():
+        tube.put(5)
+        transaction.set_rollback(True)
+    tube.ack(tube.take(0).pk)  # done: still counted as put
+    tube.delete_task(tube.take(0).pk)
+    tube.put(6, ttl=0.001)
+    time.sleep(0.05)
+    assert tube.truncate() == 2  # the ttl of 6 ran out first: removed, counted as ttl and done
+    stats = tube.statistics()
+    assert stats["calls"]["put"] == 5
+    assert stats["tasks"]["total"] == 0
+    tube.put(7)
+    assert Tube.objects.get(pk=tube.pk).statistics()["calls"]["put"] == 6
+
+
+def test_a_django_task_enqueue_is_two_inserts():
+    add.enqueue(1, 2)  # the first enqueue of a process makes the queue's tube
+    with CaptureQueriesContext(connection) as queries:
+        result = add.enqueue(2, 3)
+    statements = [sql for sql in _statements(queries) if sql.upper() not in ("BEGIN", "COMMIT")]
+    assert len(statements) == 2, "\n".join(sql[:60] for sql in statements)
+    assert all(sql.lstrip().upper().startswith(("INSERT", "WITH")) for sql in statements)
+    record = TaskRecord.objects.get(pk=result.id)
+    assert result.enqueued_at == record.enqueued_at and record.status == "READY"
+
+
+def test_enqueue_after_the_queues_tube_was_dropped_makes_it_again():
+    add.enqueue(1, 2)
+    Tube.objects.get(name="tasks.default").truncate()
+    Tube.objects.get(name="tasks.default").drop()
+    result = add.enqueue(3, 4)
+    tube = Tube.objects.get(name="tasks.default")
+    assert [t.data for t in tube._tasks()] == [{"result": result.id}]
+    with transaction.atomic():
+        Tube.objects.get(name="tasks.default").truncate()
+        Tube.objects.get(name="tasks.default").drop()
+        inner = add.enqueue(5, 6)
+    assert [t.data for t in Tube.objects.get(name="tasks.default")._tasks()] == [{"result": inner.id}]
+
+
+def test_run_after_in_the_past_is_ready_at_once_and_in_the_future_waits():
+    past = add.using(run_after=db_now() - dt.timedelta(seconds=5)).enqueue(1, 1)
+    future = add.using(run_after=db_now() + dt.timedelta(seconds=300)).enqueue(2, 2)
+    tube = Tube.objects.get(name="tasks.default")
+    taken = tube.take(0)
+    assert taken is not None and taken.data == {"result": past.id}
+    assert tube.take(0) is None
+    assert add.get_result(future.id).status == TaskResultStatus.READY
+
+
+def test_a_workers_batch_acknowledges_and_claims_in_one_transaction(monkeypatch):
+    tube = Tube.objects.create_tube("batch", "fifottl", ttr=60)
+    tube.put_many(range(300))
+    first = tube.take_many(100, consumer="w")
+    opened = []
+    real_atomic = transaction.Atomic.__enter__
+    monkeypatch.setattr(transaction.Atomic, "__enter__", lambda self: opened.append(1) or real_atomic(self))
+    time.sleep(0.3)  # past the worker's due-transition probe interval: the probe is counted too
+    with CaptureQueriesContext(connection) as queries:
+        acked, taken = tube.ack_and_take([t.pk for t in first], 100, consumer="w")
+    assert acked == 100 and len(taken) == 100
+    assert [t.data for t in taken] == list(range(100, 200))
+    assert all(t.state == "t" and t.owner == "w" and t.attempts == 1 for t in taken)
+    # One transaction: (probe), DELETE, locking read, lease UPDATE (… RETURNING where it exists,
+    # else a read), the counters' UPDATE.
+    statements = [q["sql"] for q in queries.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    sqlite_lock = [sql for sql in statements if "SET rowid = rowid WHERE 0" in sql]
+    most = 5 if features("default").update_returning else 6
+    assert len(statements) - len(sqlite_lock) <= most, statements
+    assert len(opened) == 2  # the batch's transaction and the claim nested in it (no savepoint)
+    stats = tube.statistics()
+    assert stats["calls"]["ack"] == 100 and stats["calls"]["take"] == 200 and stats["tasks"]["taken"] == 100
+
+
+def test_ack_and_take_on_a_paused_tube_acknowledges_and_takes_nothing():
+    tube = Tube.objects.create_tube("paused", "fifo")
+    tube.put_many(range(5))
+    held = tube.take_many(2, consumer="w")
+    tube.pause()
+    assert tube.ack_and_take([t.pk for t in held], 2, consumer="w") == (2, [])
+    assert tube.ack_and_take([], 0, consumer="w") == (0, [])
+    with pytest.raises(ValueError, match="limit"):
+        tube.ack_and_take([], -1, consumer="w")
+    with pytest.raises(TypeError, match="limit"):
+        tube.ack_and_take([], True, consumer="w")
