@@ -11,6 +11,7 @@ from decimal import Decimal
 import pytest
 from django.db import connections, transaction
 from django.db.migrations.state import ModelState
+from django.db.models import Q
 
 from django_taskloop.engine import DbNow
 from django_taskloop.models import TaskLoop, TaskLoopManager, TaskLoopQuerySet
@@ -900,3 +901,72 @@ def test_stats_reads_both_ends_of_the_idle_rows_from_the_claim_index_without_a_s
             assert "TEMP B-TREE" not in text, text
     oldest, newest = (qs.first() for qs in IntLoop.objects.all()._idle_ends())
     assert oldest <= newest
+
+
+ACTIVE_THINGS = {
+    "join": lambda: Q(thing__active=True),
+    "subquery": lambda: Q(pk__in=Thing.objects.filter(active=True).values("pk")),
+}
+
+
+@pytest.mark.parametrize("active", list(ACTIVE_THINGS))
+@pytest.mark.django_db(transaction=True)
+def test_filtered_claim_sees_a_joined_row_changed_while_the_locking_read_ran(active):
+    """CI caught the race above claiming ids again on PostgreSQL (25 of 2,000, once). The cause:
+    a locking read that locks only the loop's rows (``FOR UPDATE OF``) rechecks a row a rival
+    changed meanwhile against the row's newest version, but reads the *joined* ``Thing`` as of
+    the statement's start (and a subquery's result too). Made certain here: the claimer's locking read is held (behind an
+    advisory lock, after its snapshot is taken) while a rival claims the id, deactivates its
+    thing and unlocks it. The claimer then must not get the id. PostgreSQL only: the gate is
+    PostgreSQL SQL, and only ``FOR UPDATE OF`` leaves joined rows unlocked (MariaDB locks
+    every table of a locking read; SQLite lets no rival write while a claim runs)."""
+    import threading
+
+    from django.db.models import BooleanField
+    from django.db.models.expressions import RawSQL
+
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("the gate is PostgreSQL's; see the docstring")
+    thing = Thing.objects.create(name="gated")
+    ThingLoop.objects.add([thing.pk])
+    with connections["default"].cursor() as cursor:
+        cursor.execute("CREATE SEQUENCE IF NOT EXISTS taskloop_test_gate")
+        cursor.execute("SELECT setval('taskloop_test_gate', 1, false)")
+        cursor.execute("SELECT pg_advisory_lock(4242)")
+    # The first statement (the candidate read) passes; the second (the locking read) waits.
+    gate = RawSQL(
+        "(CASE WHEN nextval('taskloop_test_gate') = 2 THEN pg_advisory_xact_lock_shared(4242) IS NOT NULL"
+        " ELSE TRUE END)",
+        [],
+        output_field=BooleanField(),
+    )
+    got: list = []
+
+    def claimer() -> None:
+        try:
+            got.extend(ThingLoop.objects.filter(ACTIVE_THINGS[active]()).filter(gate).claim(1, lock_for=600))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=claimer)
+    thread.start()
+    try:
+        with connections["default"].cursor() as cursor:
+            for _ in range(500):
+                cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+                if cursor.fetchone()[0]:
+                    break
+                time.sleep(0.01)
+            else:
+                pytest.fail("the claimer's locking read never reached the gate")
+        # The rival: claims the id, takes the thing out of the filter, unlocks the id.
+        assert ThingLoop.objects.filter(thing__active=True).claim(1, lock_for=600) == [thing.pk]
+        Thing.objects.filter(pk=thing.pk).update(active=False)
+        assert ThingLoop.objects.unlock([thing.pk]) == 1
+    finally:
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(4242)")
+        thread.join(30)
+    assert not thread.is_alive()
+    assert got == [], "the claim took an id whose thing had left the filter"
+    assert ThingLoop.objects.get(pk=thing.pk).lock_until is None

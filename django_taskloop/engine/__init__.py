@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
 from django.db.models import AutoField, Model, Q, QuerySet
-from django.db.models.sql import InsertQuery, UpdateQuery
+from django.db.models.sql import InsertQuery, Query, UpdateQuery
 
 from ..conf import setting
 from ..exceptions import DatabaseBusy
@@ -226,11 +226,21 @@ def claim(
 
     of = ("self",) if features(using).for_update_of else ()
 
+    # A locking read that locks only this table (``OF``) rechecks a row that a rival changed
+    # meanwhile against the row's newest version, but reads the other tables it joins or
+    # subqueries as of the statement's start: a row whose joined data left the filter after
+    # that start would pass. Such claims read their filter again, in a statement of its own
+    # (which sees everything committed before the rows were locked), and lease what passes.
+    recheck_after_lock = bool(of) and _reads_other_tables(base)
+
     def lock_and_write(locking: QuerySet[Any]) -> list[Any]:
         # (2) Lock what is still claimable, skipping rows another claimer holds;
         # (3) write the lease; (4) commit on leaving run_in_transaction.
-        locked = locking.select_for_update(skip_locked=True, of=of).values_list("pk", flat=True)[:limit]
-        return write(list(locked))
+        locked = list(locking.select_for_update(skip_locked=True, of=of).values_list("pk", flat=True)[:limit])
+        if recheck_after_lock and locked:
+            still = set(base.filter(pk__in=locked).values_list("pk", flat=True))
+            locked = [pk for pk in locked if pk in still]
+        return write(locked)
 
     if direct:
         return run_in_transaction(model, using, lambda: lock_and_write(base), savepoint=False)
@@ -257,6 +267,29 @@ def claim(
     # Rivals held every candidate (they all read the same head of the queue). Let the index
     # scan itself skip what is locked: it finds free rows whenever there are any.
     return run_in_transaction(model, using, lambda: lock_and_write(base), savepoint=False)
+
+
+def _reads_other_tables(queryset: QuerySet[Any]) -> bool:
+    """Whether ``queryset``'s filter reads a table besides its model's own (a join or a
+    subquery)."""
+    query = queryset.query
+    if any(alias != query.base_table and query.alias_refcount[alias] for alias in query.alias_map):
+        return True
+
+    def has_subquery(node: Any) -> bool:
+        if isinstance(node, (Query, QuerySet)) or getattr(node, "subquery", False):
+            return True
+        children = list(getattr(node, "children", ()))
+        for side in ("lhs", "rhs"):
+            if hasattr(node, side):
+                children.append(getattr(node, side))
+        if hasattr(node, "get_source_expressions"):
+            children.extend(node.get_source_expressions())
+        if isinstance(node, (list, tuple)):
+            children.extend(node)
+        return any(has_subquery(child) for child in children if child is not None)
+
+    return has_subquery(query.where)
 
 
 def update_returning(queryset: QuerySet[Any], changes: dict[str, Any]) -> list[Any]:
