@@ -41,3 +41,75 @@ def test_features_are_decided_per_vendor(vendor):
     assert f.vendor == vendor
     assert f.skip_locked is (vendor != "sqlite")
     assert f.write_lock_first is (vendor == "sqlite")
+
+
+def _task_fields():
+    from django.db.models import AutoField
+
+    from django_taskloop.models import Task
+
+    return [f for f in Task._meta.concrete_fields if not isinstance(f, AutoField) and not f.generated]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("offset", [0, 90.5])
+def test_a_one_row_insert_sends_the_compilers_statement_and_stores_what_save_would(offset):
+    """engine.insert keeps the one-row INSERT it compiled for a shape of row (a put's hot
+    path). It must be the statement Django's compiler writes, with the same parameters, and
+    leave the same row as ``save()`` — for JSON, NULLs, auto_now_add and DbNow deadlines."""
+    from django.db import connection
+    from django.db.models.sql import InsertQuery
+    from django.test.utils import CaptureQueriesContext
+
+    from django_taskloop import engine
+    from django_taskloop.models import Task, Tube
+
+    tube = Tube.objects.create_tube("kept", "fifottl")
+
+    def new(n):
+        return Task(tube_id=tube.pk, state="~", pri=n, data={"n": n, "s": "é"}, ttl_at=DbNow(offset), event_at=None)
+
+    first, second = new(1), new(2)
+    compiled = InsertQuery(Task)
+    compiled.insert_values(_task_fields(), [new(2)])
+    compiler = compiled.get_compiler(using="default")
+    compiler.returning_fields = [Task._meta.pk, Task._meta.get_field("ttl_at")]
+    ((expected_sql, _),) = compiler.as_sql()
+    engine.insert([first], "default", returning=["ttl_at"])  # compiles and keeps
+    with CaptureQueriesContext(connection) as queries:
+        engine.insert([second], "default", returning=["ttl_at"])  # sends the kept one
+    (sent,) = [q["sql"] for q in queries.captured_queries]
+    # The captured SQL has the parameters interpolated: compare the statement's text up to them.
+    assert sent.split("VALUES")[0] == expected_sql.split("VALUES")[0]
+    before = db_now()
+    for task in (first, second):
+        stored = Task.objects.get(pk=task.pk)
+        assert (stored.tube_id, stored.state, stored.pri, stored.data) == (tube.pk, "~", task.pri, task.data)
+        assert stored.utube is None and stored.event_at is None and stored.attempts == 0
+        assert stored.ttl_at == task.ttl_at  # read back with the statement, as stored
+        assert timezone.is_aware(task.ttl_at)
+        assert dt.timedelta(seconds=offset - 30) < task.ttl_at - before <= dt.timedelta(seconds=offset + 1)
+        assert stored.created == task.created and abs((stored.created - before).total_seconds()) < 30
+    saved = new(3)
+    saved.ttl_at = None
+    saved.save()
+    inserted = new(3)
+    inserted.ttl_at = None
+    engine.insert([inserted], "default")
+    a, b = Task.objects.get(pk=saved.pk), Task.objects.get(pk=inserted.pk)
+    assert [getattr(a, f.attname) for f in _task_fields() if f.name != "created"] == [
+        getattr(b, f.attname) for f in _task_fields() if f.name != "created"
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_one_row_insert_with_another_expression_goes_through_the_compiler():
+    from django.db.models import Value
+
+    from django_taskloop import engine
+    from django_taskloop.models import Task, Tube
+
+    tube = Tube.objects.create_tube("expr", "fifo")
+    task = Task(tube_id=tube.pk, state="r", pri=Value(7), data=None)
+    engine.insert([task], "default")
+    assert Task.objects.get(pk=task.pk).pri == 7

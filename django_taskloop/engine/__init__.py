@@ -145,18 +145,115 @@ def insert(
 def _insert_returning(
     objs: Sequence[Model], using: str, fields: list[Any], returned: list[Any], notify: str | None
 ) -> None:
+    connection = connections[using]
+    notify = notify if notify is not None and features(using).notify else None
+    statement = None
+    if len(objs) == 1 and connection.features.can_return_columns_from_insert:
+        # The hot path (a put): the statement Django would build, compiled once per shape.
+        statement = _one_row_insert(objs[0], using, fields, returned, notify is not None)
+    if statement is not None:
+        obj = objs[0]
+        params = statement.params(obj, connection)
+        if notify is not None:
+            params.append(notify)
+        with connection.cursor() as cursor:
+            cursor.execute(statement.sql, params)
+            row = cursor.fetchone()
+        _set_returned(obj, using, statement.convert(row, connection), returned)
+        return
     query = InsertQuery(type(objs[0]))
     query.insert_values(fields, objs)
     compiler = query.get_compiler(using=using)
-    if notify is not None and features(using).notify:
+    if notify is not None:
         plain = compiler.as_sql
         compiler.as_sql = lambda: [notifying(sql, params, notify) for sql, params in plain()]  # type: ignore[method-assign]
     rows = compiler.execute_sql(returned)
     for obj, row in zip(objs, rows, strict=False):
-        for field, value in zip(returned, row, strict=False):
-            setattr(obj, field.attname, value)
-        obj._state.adding = False
-        obj._state.db = using
+        _set_returned(obj, using, row, returned)
+
+
+def _set_returned(obj: Model, using: str, row: Sequence[Any], returned: list[Any]) -> None:
+    for field, value in zip(returned, row, strict=False):
+        setattr(obj, field.attname, value)
+    obj._state.adding = False
+    obj._state.db = using
+
+
+class _OneRowInsert:
+    """A one-row ``INSERT … RETURNING`` as Django's compiler writes it for one shape of row
+    (which fields hold :class:`DbNow` values, and whether those have an offset), kept with the
+    converters of what it returns. Building the statement costs about as much as a round trip
+    to a local server; a put sends the same few shapes all its life."""
+
+    def __init__(self, obj: Model, using: str, fields: list[Any], returned: list[Any], notify: bool) -> None:
+        query = InsertQuery(type(obj))
+        query.insert_values(fields, [obj])
+        compiler = query.get_compiler(using=using)
+        compiler.returning_fields = returned
+        ((sql, _params),) = compiler.as_sql()
+        self.sql = notifying(sql, [], "")[0] if notify else sql
+        self.fields = [(field, _shape_of(field, obj)) for field in fields]
+        table = type(obj)._meta.db_table
+        cols = [field.get_col(table) for field in returned]
+        self.converters = [
+            (index, converters, col) for index, (converters, col) in compiler.get_converters(cols).items()
+        ]
+
+    def params(self, obj: Model, connection: Any) -> list[Any]:
+        """The statement's parameters for ``obj``, as the compiler would prepare them."""
+        params: list[Any] = []
+        for field, now in self.fields:
+            if now is None:
+                params.append(field.get_db_prep_save(field.pre_save(obj, True), connection))
+            else:
+                value = getattr(obj, field.attname)
+                params.extend(getattr(value, f"as_{connection.vendor}")(None, connection)[1])
+        return params
+
+    def convert(self, row: Sequence[Any], connection: Any) -> list[Any]:
+        """The returned values as the model's fields hold them (e.g. aware datetimes)."""
+        values = list(row)
+        for index, converters, col in self.converters:
+            for converter in converters:
+                values[index] = converter(values[index], col, connection)
+        return values
+
+
+_one_row_inserts: dict[tuple[Any, ...], _OneRowInsert] = {}
+
+
+def _shape_of(field: Any, obj: Model) -> bool | None:
+    """A field's part of a statement's shape: None for a plain value, else whether its
+    :class:`DbNow` has an offset (which adds a parameter). Other expressions raise TypeError."""
+    value = getattr(obj, field.attname)
+    if isinstance(value, DbNow):
+        return bool(value.seconds)
+    if hasattr(value, "resolve_expression"):
+        raise TypeError(value)
+    return None
+
+
+def _one_row_insert(
+    obj: Model, using: str, fields: list[Any], returned: list[Any], notify: bool
+) -> _OneRowInsert | None:
+    """The kept statement for ``obj``'s shape; None if a value is an expression other than
+    :class:`DbNow` (the compiler handles those)."""
+    try:
+        nows = tuple(_shape_of(field, obj) for field in fields)
+    except TypeError:
+        return None
+    shape = (
+        using,
+        type(obj),
+        tuple(f.attname for f in fields),
+        tuple(f.attname for f in returned),
+        nows,
+        notify,
+    )
+    statement = _one_row_inserts.get(shape)
+    if statement is None:
+        statement = _one_row_inserts[shape] = _OneRowInsert(obj, using, fields, returned, notify)
+    return statement
 
 
 def discard_if_broken(using: str) -> None:
