@@ -107,8 +107,9 @@ if BaseTaskBackend is not None:
         def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
             """Store the call, put it in its queue's tube, and return its ``TaskResult``.
 
-            Two INSERTs (the record, the tube's task) in one transaction; ``run_after`` is the
-            task's "not before" on the database's clock, as a put's delay would be.
+            Two INSERTs (the record, the tube's task), all or nothing: one statement on
+            PostgreSQL, one transaction elsewhere. ``run_after`` is the task's "not before" on
+            the database's clock, as a put's delay would be.
             """
             from . import engine
             from .models import TaskRecord
@@ -143,22 +144,15 @@ if BaseTaskBackend is not None:
             return result
 
         def _insert(self, record: Any, task: Any, using: str, fresh: bool) -> None:
-            """INSERT the record and its tube's task, in one transaction."""
-            from . import engine
-            from .models import TaskRecord
+            """INSERT the record and its tube's task, all or nothing: one statement on
+            PostgreSQL, two in one transaction elsewhere."""
             from .models.tubes import DELAYED
 
             tube = _tube(using, task.queue_name, fresh=fresh)
             queued = tube._new_task({"result": record.id}, 100 - task.priority, None, None, None, None)
             if task.run_after is not None:
                 queued.state, queued.event_at = DELAYED, task.run_after
-
-            def work() -> None:
-                engine.insert([record], using, returning=["enqueued_at"])
-                tube._insert([queued], check_exists=False)
-
-            # Its first statement writes: no need to take SQLite's write lock before it.
-            engine.run_in_transaction(TaskRecord, using, work, lock_first=False)
+            tube._insert([queued], check_exists=False, along=[(record, ["enqueued_at"])])
 
         def get_result(self, result_id: str) -> Any:
             """Return the ``TaskResult`` of ``result_id`` as it is now."""

@@ -67,7 +67,9 @@ def test_a_one_row_insert_sends_the_compilers_statement_and_stores_what_save_wou
     tube = Tube.objects.create_tube("kept", "fifottl")
 
     def new(n):
-        return Task(tube_id=tube.pk, state="~", pri=n, data={"n": n, "s": "é"}, ttl_at=DbNow(offset), event_at=None)
+        return Task(
+            tube_id=tube.pk, state="~", pri=n, data={"n": n, "s": "é"}, ttl_at=DbNow(offset), event_at=None
+        )
 
     first, second = new(1), new(2)
     compiled = InsertQuery(Task)
@@ -113,3 +115,27 @@ def test_a_one_row_insert_with_another_expression_goes_through_the_compiler():
     task = Task(tube_id=tube.pk, state="r", pri=Value(7), data=None)
     engine.insert([task], "default")
     assert Task.objects.get(pk=task.pk).pri == 7
+
+
+@pytest.mark.django_db(transaction=True)
+def test_insert_together_writes_all_rows_or_none():
+    """The Django Task enqueue's two rows: one statement on PostgreSQL, one transaction
+    elsewhere. A failing row (a tube that is gone) leaves the other unwritten too."""
+    from django.db import IntegrityError
+
+    from django_taskloop import engine
+    from django_taskloop.models import Task, TaskRecord, Tube
+
+    tube = Tube.objects.create_tube("together", "fifottl", ttl=60)
+    record = TaskRecord(backend="default", queue_name="q", task_path="x.y", enqueued_at=DbNow())
+    task = Task(tube_id=tube.pk, state="r", data={"result": record.id}, ttl_at=DbNow(60))
+    engine.insert_together([record, task], "default", returning=[["enqueued_at"], ["ttl_at"]])
+    assert TaskRecord.objects.get(pk=record.pk).enqueued_at == record.enqueued_at
+    assert Task.objects.get(pk=task.pk).ttl_at == task.ttl_at
+    assert dt.timedelta(seconds=59) < task.ttl_at - record.enqueued_at < dt.timedelta(seconds=61)
+    lost = TaskRecord(backend="default", queue_name="q", task_path="x.y", enqueued_at=DbNow())
+    orphan = Task(tube_id=tube.pk + 1000, state="r", data={"result": lost.id})
+    with pytest.raises(IntegrityError):
+        engine.insert_together([lost, orphan], "default", returning=[["enqueued_at"], []])
+    assert not TaskRecord.objects.filter(pk=lost.pk).exists()
+    assert Task.objects.count() == 1

@@ -94,15 +94,38 @@ def test_derived_put_counts_every_put_and_nothing_rolled_back():
     assert Tube.objects.get(pk=tube.pk).statistics()["calls"]["put"] == 6
 
 
-def test_a_django_task_enqueue_is_two_inserts():
+def test_a_django_task_enqueue_is_one_statement_on_postgresql_and_two_inserts_elsewhere(monkeypatch):
     add.enqueue(1, 2)  # the first enqueue of a process makes the queue's tube
+    opened = []
+    real_atomic = transaction.Atomic.__enter__
+    monkeypatch.setattr(transaction.Atomic, "__enter__", lambda self: opened.append(1) or real_atomic(self))
     with CaptureQueriesContext(connection) as queries:
         result = add.enqueue(2, 3)
     statements = [sql for sql in _statements(queries) if sql.upper() not in ("BEGIN", "COMMIT")]
-    assert len(statements) == 2, "\n".join(sql[:60] for sql in statements)
-    assert all(sql.lstrip().upper().startswith(("INSERT", "WITH")) for sql in statements)
+    if features("default").notify:
+        # Both INSERTs and the wake-up in one statement, in autocommit: one round trip.
+        assert len(statements) == 1, "\n".join(sql[:60] for sql in statements)
+        assert statements[0].lstrip().upper().startswith("WITH")
+        assert opened == []
+    else:
+        assert len(statements) == 2, "\n".join(sql[:60] for sql in statements)
+        assert all(sql.lstrip().upper().startswith("INSERT") for sql in statements)
     record = TaskRecord.objects.get(pk=result.id)
     assert result.enqueued_at == record.enqueued_at and record.status == "READY"
+    (queued,) = [
+        t for t in Tube.objects.get(name="tasks.default")._tasks() if t.data == {"result": result.id}
+    ]
+    assert queued.state == "r" and queued.pri == 100 - result.task.priority
+
+
+def test_a_django_task_enqueue_in_a_transaction_that_rolls_back_leaves_nothing():
+    add.enqueue(1, 2)
+    records, tasks = TaskRecord.objects.count(), Tube.objects.get(name="tasks.default")._tasks().count()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        add.enqueue(2, 3)
+        raise RuntimeError("roll back")
+    assert TaskRecord.objects.count() == records
+    assert Tube.objects.get(name="tasks.default")._tasks().count() == tasks
 
 
 def test_enqueue_after_the_queues_tube_was_dropped_makes_it_again():

@@ -35,6 +35,7 @@ __all__ = [
     "write_transaction",
     "run_in_transaction",
     "insert",
+    "insert_together",
     "claim",
     "batched",
     "discard_if_broken",
@@ -123,8 +124,7 @@ def insert(
     model = type(objs[0])
     opts = model._meta
     connection = connections[using]
-    fields = [f for f in opts.concrete_fields if not isinstance(f, AutoField) and not f.generated]
-    returned = [opts.pk, *(opts.get_field(name) for name in returning)]
+    fields, returned = _insert_fields(model, returning)
     one_statement = connection.features.can_return_rows_from_bulk_insert or (
         len(objs) == 1 and connection.features.can_return_columns_from_insert
     )
@@ -140,6 +140,59 @@ def insert(
         for obj in objs:
             for name in returning:
                 setattr(obj, name, getattr(by_pk[obj.pk], name))
+
+
+def insert_together(
+    objs: Sequence[Model], using: str, *, returning: Sequence[Sequence[str]], notify: str | None = None
+) -> None:
+    """INSERT ``objs`` — one row each, of any models — all or nothing, as :func:`insert` would
+    one by one (``returning[i]`` for ``objs[i]``). On PostgreSQL that is one statement (its
+    INSERTs as data-modifying ``WITH`` parts, the ``NOTIFY`` beside them): one round trip,
+    no transaction of its own. Elsewhere the INSERTs share a transaction (the caller's, if
+    there is one)."""
+    connection = connections[using]
+    statements = []
+    if features(using).notify and connection.features.can_return_columns_from_insert:
+        for obj, names in zip(objs, returning, strict=True):
+            fields, returned = _insert_fields(type(obj), names)
+            statement = _one_row_insert(obj, using, fields, returned, False)
+            if statement is None:
+                break
+            statements.append((obj, statement, returned))
+    if len(statements) != len(objs):
+
+        def work() -> None:
+            for obj, names in zip(objs, returning, strict=True):
+                insert([obj], using, returning=names, notify=notify)
+
+        # The first statement writes: no need to take SQLite's write lock before it.
+        run_in_transaction(type(objs[0]), using, work, lock_first=False)
+        return
+    parts, params, columns = [], [], []
+    for index, (obj, statement, returned) in enumerate(statements):
+        parts.append(f"r{index} AS ({statement.sql})")
+        params.extend(statement.params(obj, connection))
+        columns.extend(f"r{index}.{connection.ops.quote_name(field.column)}" for field in returned)
+    if notify is not None:
+        columns.append("(SELECT pg_notify(%s, ''))")
+        params.append(notify)
+    tables = ", ".join(f"r{index}" for index in range(len(statements)))
+    sql = f"WITH {', '.join(parts)} SELECT {', '.join(columns)} FROM {tables}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    start = 0
+    for obj, statement, returned in statements:
+        values = row[start : start + len(returned)]
+        start += len(returned)
+        _set_returned(obj, using, statement.convert(values, connection), returned)
+
+
+def _insert_fields(model: type[Model], returning: Sequence[str]) -> tuple[list[Any], list[Any]]:
+    """The fields an INSERT of ``model`` writes, and those it returns (the key first)."""
+    opts = model._meta
+    fields = [f for f in opts.concrete_fields if not isinstance(f, AutoField) and not f.generated]
+    return fields, [opts.pk, *(opts.get_field(name) for name in returning)]
 
 
 def _insert_returning(

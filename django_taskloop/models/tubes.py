@@ -621,12 +621,19 @@ class Tube(models.Model):
         self._insert([task])
         return task
 
-    def _insert(self, tasks: list[Task], check_exists: bool = True) -> None:
+    def _insert(
+        self,
+        tasks: list[Task],
+        check_exists: bool = True,
+        along: Sequence[tuple[models.Model, list[str]]] = (),
+    ) -> None:
         """Write new ``tasks`` as ``put`` does: INSERT … RETURNING (the deadlines the database
         computed) with the wake-up in the same statement. One statement needs no transaction of
         its own; more (a large ``put_many``) share one, all or nothing. No counter is written:
         ``calls.put`` is derived (see :meth:`statistics`). ``check_exists=False``: the caller
-        knows the tube exists (inside a transaction a dropped tube would show only at commit)."""
+        knows the tube exists (inside a transaction a dropped tube would show only at commit).
+        ``along``: rows of other models, each with the fields to read back, written with one
+        task, all or nothing (:func:`engine.insert_together`: one statement on PostgreSQL)."""
         using, pk = self._using, self.pk
         chunks = list(engine.batched(tasks, using, per_row=len(Task._meta.concrete_fields)))
         ready = any(task.state == READY for task in tasks)
@@ -641,6 +648,12 @@ class Tube(models.Model):
                 # Foreign keys are checked at commit (Django makes them deferrable): inside a
                 # transaction, a put into a dropped tube would fail only at the caller's commit.
                 self._ensure_exists()
+            if along:
+                (task,) = tasks
+                rows = [row for row, _ in along]
+                names = [names for _, names in along]
+                engine.insert_together([*rows, task], using, returning=[*names, returning], notify=channel)
+                return
             for chunk in chunks:
                 engine.insert(chunk, using, returning=returning, notify=channel)
 
