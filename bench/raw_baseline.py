@@ -208,11 +208,36 @@ def latency(url: str, samples: int, gap: float, record_dir: str) -> dict:
     return {**latencies(records, put_times), "idle": idle, **check_once(records, range(samples))}
 
 
+def enqueue(url: str, jobs: int) -> dict:
+    """One committed single-row INSERT per job, as a web request's enqueue would send it: the
+    limit of one durable write per call, for the enqueue table (no Python framework at all)."""
+    setup(url, 0)
+    vendor = db_vendor(url)
+    conn = connect(url)
+    cur = conn.cursor()
+    mark = "?" if vendor == "sqlite" else "%s"
+    sql = f"INSERT INTO {TABLE} (n) VALUES ({mark})"
+    started = time.perf_counter()
+    for n in range(jobs):
+        if vendor == "sqlite":
+            cur.execute("BEGIN IMMEDIATE")
+            cur.execute(sql, [n])
+            cur.execute("COMMIT")
+        else:
+            cur.execute(sql, [n])
+            conn.commit()
+    rate = jobs / (time.perf_counter() - started)
+    cur.execute(f"SELECT COUNT(*) FROM {TABLE}")
+    stored = cur.fetchone()[0]
+    conn.close()
+    return {"rate": rate, "exactly_once": stored == jobs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("scenario", choices=["drain", "latency"])
+    parser.add_argument("scenario", choices=["drain", "latency", "enqueue"])
     parser.add_argument("--url", default="sqlite:////tmp/bench_raw.sqlite3")
     parser.add_argument("--jobs", type=int, default=20000)
     parser.add_argument("--processes", type=int, default=4)
@@ -223,6 +248,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.scenario == "drain":
         result = drain(args.url, args.jobs, args.processes, args.batch, args.record_dir)
+    elif args.scenario == "enqueue":
+        result = enqueue(args.url, args.jobs)
     else:
         result = latency(args.url, args.samples, args.gap, args.record_dir)
     emit({"system": "raw", "scenario": args.scenario, **vars(args), **result})

@@ -120,6 +120,7 @@ def plan(quick: bool, databases: list[str], systems: list[str]) -> list[Step]:
                     steps.append(Step(system, db, "drain", raw_args, reps(n), "batch 100", n))
                 raw1 = {"jobs": 1000 if quick else (2000 if sqlite else 5000), "processes": 4, "batch": 1}
                 steps.append(Step(system, db, "drain", raw1, top, "batch 1", 4))
+                steps.append(Step(system, db, "enqueue", {"jobs": 500 if quick else 2000}, top))
                 steps.append(Step(system, db, "latency", {"samples": samples, "gap": 0.2}, 1))
             else:
                 for n in (1, 4):
@@ -439,6 +440,7 @@ def write_report(
         ("django-taskloop Django Task `enqueue()`", "taskloop", "task_rate", None),
         ("django-taskloop `put` × N in one `atomic()`", "taskloop", "atomic_rate", None),
         *((LABELS[p], p, "rate", None) for p in ("tasksdb", "q2", "djqueue")),
+        ("raw SQL: one INSERT and COMMIT per job (the limit of one durable write)", "raw", "rate", None),
     ]
     for label, system, single_field, bulk_field in enqueue_rows:
         cells = []
@@ -446,6 +448,8 @@ def write_report(
             single = rates(table, db, system, "enqueue", "", None, single_field)
             if system == "taskloop":
                 bulk = rates(table, db, system, "enqueue", "", None, bulk_field) if bulk_field else None
+            elif system == "raw":
+                bulk = None
             else:
                 bulk = rates(table, db, system, "drain", "worker", 4, "bulk_enqueue_rate")
             cells += [fmt_rate(single), fmt_rate(bulk)]
@@ -577,7 +581,11 @@ def write_report(
     put, bulk, drain, board, pickup, growth, once = ([] for _ in range(7))
     for db in databases:
         ours_put = rates(table, db, "taskloop", "enqueue", "", None)
-        put.append(cell(ours_put, rates(table, db, "tasksdb", "enqueue", "", None), 2))
+        theirs_put = rates(table, db, "tasksdb", "enqueue", "", None)
+        raw_put = rates(table, db, "raw", "enqueue", "", None)
+        # The ceiling: raw SQL's one INSERT and COMMIT per job, against the same peer.
+        ceiling = f" (raw SQL: {ratio(raw_put, theirs_put)})" if raw_put and theirs_put else ""
+        put.append(cell(ours_put, theirs_put, 2) + ceiling)
         ours_bulk = rates(table, db, "taskloop", "enqueue", "", None, "bulk_rate")
         bulk.append(
             cell(ours_bulk, rates(table, db, "djqueue", "drain", "worker", 4, "bulk_enqueue_rate"), 2)
