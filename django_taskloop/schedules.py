@@ -18,7 +18,8 @@ once per cron tick across every process and host (SPEC §7).
   claimed exactly once. A run that raises is not retried: the next tick is the retry.
 
 Cron expressions are read by `cronsim <https://pypi.org/project/cronsim/>`_ (Debian cron's
-rules, five fields, minute resolution) in ``TASKLOOP["TIME_ZONE"]`` (default UTC).
+rules; five fields, or six with a leading seconds field) in ``TASKLOOP["TIME_ZONE"]`` (default
+UTC).
 """
 
 from __future__ import annotations
@@ -73,17 +74,17 @@ class ScheduleError(ValueError):
 
 @dataclass(frozen=True)
 class Cron:
-    """A parsed five-field cron expression."""
+    """A parsed cron expression: five fields (minute hour day month weekday), or six with a
+    leading seconds field (``*/10 * * * * *``: every ten seconds)."""
 
     expression: str
 
     def next_after(self, now: dt.datetime, time_zone: str = "UTC") -> dt.datetime:
         """Return the first tick strictly after ``now`` (aware), as an aware UTC datetime."""
         zone = zoneinfo.ZoneInfo(time_zone)
-        start = now.astimezone(zone).replace(second=0, microsecond=0)
-        # CronSim yields ticks strictly after its start; starting from the minute's beginning
-        # makes "after 12:05:30" 12:06 (for * * * * *), never 12:05.
-        tick = next(CronSim(self.expression, start))
+        # CronSim drops the microseconds and yields ticks strictly after what is left: after
+        # 12:05:00.4, "* * * * *" gives 12:06, never 12:05 again.
+        tick = next(CronSim(self.expression, now.astimezone(zone)))
         return tick.astimezone(dt.UTC)
 
 
@@ -398,18 +399,14 @@ def record_error(name: str, error: BaseException, using: str) -> None:
         logger.exception("schedule %s: could not record its error", name)
 
 
-_tubes: dict[str, Any] = {}
-
-
 def _periodic_tube(using: str) -> Any:
+    # Looked up at each tick (ticks are rare), not cached: a tube dropped since (from the
+    # admin, say) is made afresh rather than failing every tick.
     from .models import Tube
 
-    tube = _tubes.get(using)
-    if tube is None:
-        tube = _tubes[using] = Tube.objects.db_manager(using).create_tube(
-            PERIODIC_TUBE, "fifottl", ttr=PERIODIC_TTR, if_not_exists=True
-        )
-    return tube
+    return Tube.objects.db_manager(using).create_tube(
+        PERIODIC_TUBE, "fifottl", ttr=PERIODIC_TTR, if_not_exists=True
+    )
 
 
 def _run_periodic(task: Any) -> None:
