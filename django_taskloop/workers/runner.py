@@ -152,7 +152,7 @@ class Worker:
             self.ticker.prepare()
             if self.burst:
                 # A burst runs what is due now (the heartbeat claims no ticks in a burst).
-                self.ticker.tick()
+                self._tick()
         # One LISTEN session (PostgreSQL) for the life of this worker, not one per wait.
         wakeup.keep_listeners()
         previous = self.install_signals()
