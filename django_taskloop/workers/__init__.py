@@ -235,10 +235,9 @@ def get_handlers(only: Iterable[str] | None = None) -> list[Handler]:
     those named in ``only``; an unknown name raises ``ValueError``."""
     autodiscover()
     from ..backends import task_handlers
-
-    handlers = dict(registry)
     from ..schedules import schedule_handlers
 
+    handlers = dict(registry)
     for handler in [*task_handlers(), *schedule_handlers()]:
         handlers.setdefault(handler.name, handler)
     if only:
