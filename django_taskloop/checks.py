@@ -60,3 +60,25 @@ def check_tasks_framework(app_configs: Any = None, **kwargs: Any) -> list[checks
         )
         for alias in named
     ]
+
+
+@checks.register()
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """taskloop.E010: a schedule that workers could not run (``TASKLOOP["SCHEDULE"]``, the time
+    zone, a name used twice), reported at ``manage.py check`` rather than in a worker."""
+    from .schedules import ScheduleError, configured
+
+    try:
+        configured()
+    except ScheduleError as error:
+        return [
+            checks.Error(
+                str(error),
+                hint='Fix TASKLOOP["SCHEDULE"] / TASKLOOP["TIME_ZONE"] or the @periodic name: '
+                "a cron expression has five fields (minute hour day month weekday), a task is the "
+                "dotted path of a function decorated with @task, args a list and kwargs a dict "
+                "that the task accepts.",
+                id="taskloop.E010",
+            )
+        ]
+    return []

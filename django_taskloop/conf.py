@@ -41,6 +41,11 @@ DEFAULTS: dict[str, Any] = {
     "POLL_MIN": 0.005,
     "POLL_FACTOR": 1.5,
     "POLL_MAX": 0.1,
+    # Django Tasks run on a cron schedule: name → {"task": dotted path, "cron": "*/5 * * * *",
+    # "args": [...], "kwargs": {...}} (see django_taskloop.schedules).
+    "SCHEDULE": {},
+    # The IANA time zone cron expressions are read in (None: UTC).
+    "TIME_ZONE": None,
 }
 
 

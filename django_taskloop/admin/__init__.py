@@ -14,6 +14,7 @@ Imported by ``admin.autodiscover()``. It registers ``JobBoard``/``Job`` (the tra
 - Actions call the facades' verbs; a staff user without the change permission gets none.
 - Built for millions of rows: pagination never counts a whole table
   (:class:`EstimatedCountPaginator`), list orders and sorts follow indexes, no facet counts.
+- Schedules: next and last run of each; run now, pause, resume.
 - On an ``AdminSite`` of your own: ``register_all(site)``.
 """
 
@@ -21,13 +22,14 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from . import boards, loops, operating, tubes
+from . import boards, loops, operating, schedules, tubes
 from .base import TaskloopAdminMixin
 from .boards import JobAdmin, JobBoardAdmin
 from .charts import bar_chart
 from .lockable import LockableAdmin, LockStateFilter
 from .loops import LoopStateFilter, TaskLoopAdmin, register_loops
 from .paginator import EstimatedCountPaginator
+from .schedules import ScheduleAdmin
 from .tubes import TaskAdmin, TubeAdmin
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "LockStateFilter",
     "LockableAdmin",
     "LoopStateFilter",
+    "ScheduleAdmin",
     "TaskAdmin",
     "TaskLoopAdmin",
     "TaskloopAdminMixin",
@@ -56,6 +59,7 @@ def register_all(site: admin.AdminSite) -> None:
     boards.register(site)
     tubes.register(site)
     operating.register(site)
+    schedules.register(site)
     if site.index_template is None:
         # The admin index links the dashboard (a project's own index template wins).
         site.index_template = "admin/django_taskloop/index.html"

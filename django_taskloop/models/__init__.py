@@ -11,7 +11,9 @@ from .operating import *  # noqa: F403
 from .operating import __all__ as _operating
 from .results import *  # noqa: F403
 from .results import __all__ as _results
+from .schedules import *  # noqa: F403
+from .schedules import __all__ as _schedules
 from .tubes import *  # noqa: F403
 from .tubes import __all__ as _tubes
 
-__all__ = [*_lockable, *_loops, *_boards, *_tubes, *_results, *_operating]
+__all__ = [*_lockable, *_loops, *_boards, *_tubes, *_results, *_operating, *_schedules]

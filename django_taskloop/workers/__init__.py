@@ -1,4 +1,5 @@
-"""Handlers that ``manage.py workers`` runs: ``@loop``, ``@tube`` and ``@board``.
+"""Handlers that ``manage.py workers`` runs: ``@loop``, ``@tube`` and ``@board`` (and
+``@periodic`` functions, see :mod:`django_taskloop.schedules`).
 
 Register handlers in an installed app's ``taskloop.py`` (found like ``admin.py``)::
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from django.utils.module_loading import autodiscover_modules
 
+from ..schedules import periodic
 from ..validation import check_count, check_name, check_seconds
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "loop",
     "tube",
     "board",
+    "periodic",
     "autodiscover",
     "registry",
     "get_handlers",
@@ -232,9 +235,10 @@ def get_handlers(only: Iterable[str] | None = None) -> list[Handler]:
     those named in ``only``; an unknown name raises ``ValueError``."""
     autodiscover()
     from ..backends import task_handlers
+    from ..schedules import schedule_handlers
 
     handlers = dict(registry)
-    for handler in task_handlers():
+    for handler in [*task_handlers(), *schedule_handlers()]:
         handlers.setdefault(handler.name, handler)
     if only:
         # A loop is named by its model label, which Django spells in any case (news.FeedLoop).

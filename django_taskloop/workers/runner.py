@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from .. import wakeup
+from .. import schedules, wakeup
 from ..conf import setting
 from ..exceptions import DatabaseBusy
 from ..reaper import format_report, reap
@@ -66,6 +66,7 @@ class Worker:
         burst: bool = False,
         identity: str | None = None,
         supervised: bool = False,
+        schedule: bool = True,
     ) -> None:
         self.identity = identity or f"{socket.gethostname()}:{os.getpid()}:worker"
         self.drivers: list[Driver] = [make_driver(handler, self.identity) for handler in handlers]
@@ -86,6 +87,8 @@ class Worker:
         # A supervised child stops when its supervisor is gone (kill -9 of the supervisor);
         # a worker run on its own may well outlive the shell that started it.
         self._parent = os.getppid() if supervised else None
+        # Cron schedules (@periodic, TASKLOOP["SCHEDULE"]): claimed by the heartbeat thread.
+        self.ticker = schedules.ticker() if schedule else None
 
     # Signals -----------------------------------------------------------------------------
 
@@ -145,6 +148,11 @@ class Worker:
         """Work until stopped; return the process exit status (0 when all went well)."""
         for driver in self.drivers:
             driver.prepare()
+        if self.ticker is not None:
+            self.ticker.prepare()
+            if self.burst:
+                # A burst runs what is due now (the heartbeat claims no ticks in a burst).
+                self._tick()
         # One LISTEN session (PostgreSQL) for the life of this worker, not one per wait.
         wakeup.keep_listeners()
         previous = self.install_signals()
@@ -471,6 +479,7 @@ class Worker:
         next_reap = time.monotonic() + REAP_EVERY * random.uniform(0.5, 1.0)
         next_process_beat = 0.0
         next_flush = time.monotonic() + THROUGHPUT_EVERY
+        next_tick = 0.0 if self.ticker is not None and not self.burst else float("inf")
         try:
             while True:
                 if time.monotonic() >= next_flush:
@@ -494,6 +503,8 @@ class Worker:
                             logger.debug("reaper: %s", line)
                     except Exception:
                         logger.exception("periodic reap failed")
+                if time.monotonic() >= next_tick:
+                    next_tick = time.monotonic() + self._tick()
                 for driver in self.drivers:
                     now = time.monotonic()
                     if now < due[driver]:
@@ -511,7 +522,10 @@ class Worker:
                         logger.exception(
                             "heartbeat of %s %s failed", driver.handler.kind, driver.handler.name
                         )
-                pause = min([*due.values(), next_reap, next_process_beat, next_flush]) - time.monotonic()
+                pause = (
+                    min([*due.values(), next_reap, next_process_beat, next_flush, next_tick])
+                    - time.monotonic()
+                )
                 if stop.wait(max(0.01, pause)):
                     return
         finally:
@@ -523,6 +537,14 @@ class Worker:
             except Exception:
                 logger.exception("worker %s: could not say goodbye", self.identity)
             connections.close_all()
+
+    def _tick(self) -> float:
+        """Claim the schedules' due ticks; return the seconds until the next look."""
+        try:
+            return self.ticker.tick()  # type: ignore[union-attr]
+        except Exception:
+            logger.exception("worker %s: schedules could not be read", self.identity)
+            return schedules.REFRESH
 
     def log_summary(self, elapsed: float) -> None:
         for name, tally in self.tallies.items():
@@ -543,7 +565,7 @@ class Worker:
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
-def _child(names: list[str], burst: bool) -> None:
+def _child(names: list[str], burst: bool, schedule: bool = True) -> None:
     # Own process group: a Ctrl-C in the terminal reaches the supervisor alone, which passes
     # it on once; otherwise every child would see it twice and stop at once.
     os.setpgrp()
@@ -555,17 +577,22 @@ def _child(names: list[str], burst: bool) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     connections.close_all()
     handlers = get_handlers(names)
-    sys.exit(Worker(handlers, burst=burst, supervised=True).run())
+    sys.exit(Worker(handlers, burst=burst, supervised=True, schedule=schedule).run())
 
 
-def run_workers(only: Sequence[str] | None = None, *, processes: int = 1, burst: bool = False) -> int:
-    """Run the handlers (all, or those named in ``only``) in ``processes`` worker processes.
+def run_workers(
+    only: Sequence[str] | None = None, *, processes: int = 1, burst: bool = False, schedule: bool = True
+) -> int:
+    """Run the handlers (all, or those named in ``only``) in ``processes`` worker processes;
+    with ``schedule``, each also claims the due ticks of the cron schedules.
 
     With one process the worker runs in this one. With more, this process supervises: it
     restarts a child that dies (``kill -9``, a crash) and passes signals on to the children.
     Return the exit status.
     """
     handlers = get_handlers(only)
+    if schedule:
+        schedules.configured()  # a bad schedule stops the command here, before any process starts
     if not handlers:
         logger.warning("no handlers registered: nothing to do")
         return 0
@@ -576,8 +603,8 @@ def run_workers(only: Sequence[str] | None = None, *, processes: int = 1, burst:
         ", ".join(f"{h.kind} {h.name}" for h in handlers),
     )
     if processes == 1:
-        return Worker(handlers, burst=burst).run()
-    return Supervisor(handlers, processes, burst).run()
+        return Worker(handlers, burst=burst, schedule=schedule).run()
+    return Supervisor(handlers, processes, burst, schedule).run()
 
 
 class Supervisor:
@@ -592,11 +619,14 @@ class Supervisor:
     #: (stop now), and as long again after which they are killed.
     OVERDUE = 10.0
 
-    def __init__(self, handlers: Sequence[Handler], processes: int, burst: bool) -> None:
+    def __init__(
+        self, handlers: Sequence[Handler], processes: int, burst: bool, schedule: bool = True
+    ) -> None:
         self.handlers = list(handlers)
         self.names = [h.name for h in handlers]
         self.processes = processes
         self.burst = burst
+        self.schedule = schedule
         self.signals: list[int] = []
         self.stopped_at: float | None = None
         self.context = multiprocessing.get_context("fork")
@@ -630,7 +660,7 @@ class Supervisor:
             # Children must not share the parent's database connections.
             connections.close_all()
             process = self.context.Process(
-                target=_child, args=(self.names, self.burst), name=f"taskloop-worker-{slot}"
+                target=_child, args=(self.names, self.burst, self.schedule), name=f"taskloop-worker-{slot}"
             )
             process.start()
             self.children[slot] = process

@@ -75,3 +75,7 @@ def flaky(task: Any) -> None:
     if not WorkLog.objects.filter(kind="fixed").exists():
         raise ConnectionError(f"smtp.example.com refused task {task.id}")
     log("flaky", task.id)
+
+
+if os.environ.get("TASKLOOP_TEST_PERIODIC"):
+    from . import periodic  # noqa: F401  (the schedule tests' @periodic functions)

@@ -26,8 +26,16 @@ class Command(BaseCommand):
             help="Run only this handler (a tube's or board's name, a loop's model label); repeatable.",
         )
         parser.add_argument("--burst", action="store_true", help="Drain the work that is ready, then exit.")
+        parser.add_argument(
+            "--no-schedule",
+            action="store_false",
+            dest="schedule",
+            help="Do not run the cron schedules (@periodic functions, TASKLOOP['SCHEDULE']).",
+        )
 
-    def handle(self, *args: Any, processes: int, only: list[str] | None, burst: bool, **options: Any) -> None:
+    def handle(
+        self, *args: Any, processes: int, only: list[str] | None, burst: bool, schedule: bool, **options: Any
+    ) -> None:
         if processes < 1:
             raise CommandError("--processes must be at least 1")
         log = logging.getLogger("django_taskloop")
@@ -43,7 +51,7 @@ class Command(BaseCommand):
             for handler in log.handlers:
                 handler.setLevel(logging.DEBUG)
         try:
-            status = run_workers(only, processes=processes, burst=burst)
+            status = run_workers(only, processes=processes, burst=burst, schedule=schedule)
         except ValueError as error:
             raise CommandError(str(error))
         if status:
