@@ -1,0 +1,180 @@
+"""Options of Django Tasks (issue 16): max_attempts and backoff, ttl, ttr, key, unique,
+enqueue_on_commit — spelled ``@task(option=…)`` (the backend's ``task_class``) on Django 6.1
+and on the django-tasks backport alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_taskloop.backends import TaskloopBackend, keyed_tube_name, tube_name
+from django_taskloop.engine import db_now
+from django_taskloop.models import Failure, TaskRecord, Tube
+from django_taskloop.task_options import TaskloopTask
+from django_taskloop.workers import FailedForGood
+from tests.testapp.models import WorkLog
+
+from . import options_tasks as t
+from .workers_util import add, run_workers
+
+try:
+    from django.tasks import TaskResultStatus, task, task_backends
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import TaskResultStatus, task, task_backends
+
+FAST = '{"RETRY_BACKOFF": 0.05, "HEARTBEAT_INTERVAL": 0.5, "GRACE_PERIOD": 5}'
+
+
+def backend() -> TaskloopBackend:
+    return task_backends["default"]
+
+
+def take(queue: str = "default", keyed: bool = False):
+    """Take the next tube task of ``queue`` as a worker would (None if there is none)."""
+    name = keyed_tube_name(queue) if keyed else tube_name(queue)
+    return Tube.objects.get(name=name).take(0, consumer="test")
+
+
+def run_one(queue: str = "default", keyed: bool = False):
+    """Take one tube task and execute it as the worker does; return what execute raised."""
+    queued = take(queue, keyed)
+    assert queued is not None
+    try:
+        backend().execute(queued.data["result"], "test-worker", queued=queued)
+    except FailedForGood as error:
+        Tube.objects.get(pk=queued.tube_id).ack(queued.id, consumer="test")
+        return error
+    Tube.objects.get(pk=queued.tube_id).ack(queued.id, consumer="test")
+    return None
+
+
+def func() -> None:
+    """A module-level function to decorate in the validation tests."""
+
+
+# Spelling and validation --------------------------------------------------------------------
+
+
+def test_the_backend_s_task_class_carries_the_options():
+    assert backend().task_class is TaskloopTask
+    assert isinstance(t.always_fails, TaskloopTask)
+    assert t.always_fails.max_attempts == 3 and t.always_fails.backoff == 0
+    assert add.max_attempts == 1 and add.ttl is None and not add.unique  # defaults: no option
+    once = t.always_fails.using(max_attempts=5, ttl=30, priority=10)
+    assert (once.max_attempts, once.ttl, once.priority, once.backoff) == (5, 30, 10, 0)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"max_attempts": 0}, ValueError, "max_attempts must be >= 1"),
+        ({"max_attempts": True}, TypeError, "max_attempts must be an int"),
+        ({"max_attempts": 2.0}, TypeError, "max_attempts must be an int"),
+        ({"backoff": -1}, ValueError, "backoff must be >= 0"),
+        ({"backoff": "1s"}, TypeError, "backoff must be an int or float"),
+        ({"ttl": -5}, ValueError, "ttl must be > 0"),
+        ({"ttl": 0}, ValueError, "ttl must be > 0"),
+        ({"ttr": float("nan")}, ValueError, "ttr must be finite"),
+        ({"key": ""}, ValueError, "key must not be empty"),
+        ({"key": 5}, TypeError, "key must be a str or a callable"),
+        ({"unique": "key"}, ValueError, "unique='key' needs a key"),
+        ({"unique": "yes"}, ValueError, "unique must be False, True, 'args' or 'key'"),
+        ({"unique": True, "enqueue_on_commit": True}, ValueError, "cannot be combined"),
+        ({"enqueue_on_commit": 1}, TypeError, "enqueue_on_commit must be a bool"),
+        ({"retries": 3}, TypeError, "retries"),
+    ],
+)
+def test_a_bad_option_is_refused_where_the_task_is_defined(options, error, match):
+    with pytest.raises(error, match=match):
+        task(**options)(func)
+    with pytest.raises(error, match=match):
+        add.using(**options)
+
+
+@pytest.mark.django_db
+def test_a_bad_option_enqueues_nothing(settings):
+    settings.TASKLOOP = {"HEARTBEAT_INTERVAL": 10}
+    with pytest.raises(ValueError, match=r"ttr must be longer than TASKLOOP\['HEARTBEAT_INTERVAL'\]"):
+        add.using(ttr=5).enqueue(1, 2)
+    with pytest.raises(ValueError, match="must return a non-empty str"):
+        add.using(key=lambda a, b: None).enqueue(1, 2)
+    assert not TaskRecord.objects.exists()
+    assert not Tube.objects.filter(tasks__isnull=False).exists()
+
+
+# max_attempts and backoff ----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_attempt_with_attempts_left_is_ready_again_after_its_backoff():
+    result = t.waits_long.enqueue("kaboom")
+    error = run_one()
+    assert "attempt 1 of 2" in str(error) and "retrying in 600 s" in str(error)
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    assert len(result.errors) == 1 and "kaboom" in result.errors[0].traceback
+    assert result.errors[0].exception_class is RuntimeError
+    (queued,) = Tube.objects.get(name=tube_name("default"))._tasks()
+    assert queued.state == "~" and queued.data["result"] == result.id
+    waits = (queued.event_at - db_now()).total_seconds()
+    assert 590 < waits <= 600  # ten_minutes(1): the callable backoff
+    # Nothing to take meanwhile.
+    assert take() is None
+    # Due now: the second and last attempt fails for good.
+    Tube.objects.get(name=tube_name("default")).kick(0)
+    type(queued).objects.filter(pk=queued.pk).update(event_at=db_now())
+    error = run_one()
+    assert "attempt 2 of 2" in str(error)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert len(result.errors) == 2 and result.attempts == 2
+    assert Tube.objects.statistics()[tube_name("default")]["tasks"]["total"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_default_backoff_is_the_worker_s(settings):
+    settings.TASKLOOP = {"RETRY_BACKOFF": 40, "RETRY_BACKOFF_MAX": 70}
+    t.default_backoff.enqueue()
+    assert "retrying in 40 s" in str(run_one())
+    Tube.objects.get(name=tube_name("default"))._tasks().update(event_at=db_now())
+    assert "retrying in 70 s" in str(run_one())  # 80, capped
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_retries_run_in_worker_processes_and_every_attempt_is_kept():
+    failing = t.always_fails.enqueue("boom")
+    flaky = t.fails_twice.enqueue()
+    plain = add.enqueue(1, 1)
+
+    run = run_workers(
+        "--burst",
+        "--only",
+        "tasks.default",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
+
+    assert run.returncode == 0, run.stderr
+    failing.refresh()
+    assert failing.status == TaskResultStatus.FAILED, run.stderr
+    assert failing.attempts == 3 and len(failing.errors) == 3
+    assert [e.exception_class for e in failing.errors] == [RuntimeError] * 3
+    assert len({e.traceback for e in failing.errors}) == 3  # each attempt's own
+    assert WorkLog.objects.filter(kind="always").count() == 3
+    flaky.refresh()
+    assert flaky.status == TaskResultStatus.SUCCESSFUL and flaky.return_value == 3
+    assert [e.exception_class for e in flaky.errors] == [ValueError, ValueError]
+    assert add.get_result(plain.id).return_value == 2
+    # The operator's Failures: one per failed attempt, numbered by the task's attempt.
+    attempts = sorted(
+        Failure.objects.filter(kind="task", queue="tasks.default").values_list("attempt", "error")
+    )
+    assert attempts == [
+        (1, "builtins.RuntimeError"),
+        (1, "builtins.ValueError"),
+        (2, "builtins.RuntimeError"),
+        (2, "builtins.ValueError"),
+        (3, "builtins.RuntimeError"),
+    ]
+    assert "summary tasks.default: 2 done, 5 failed" in run.stderr
+    assert Tube.objects.statistics()["tasks.default"]["tasks"]["total"] == 0
