@@ -81,3 +81,9 @@ def sync(account: int) -> int:
 @task(enqueue_on_commit=True)
 def on_commit(name: str) -> str:
     return name
+
+
+@task(ttr=2)
+def naps_past_ttr(seconds: float) -> str:
+    time.sleep(seconds)
+    return "rested"

@@ -4,17 +4,23 @@ and on the django-tasks backport alike."""
 
 from __future__ import annotations
 
+import datetime as dt
+import os
+import signal
+import time
+
 import pytest
 
 from django_taskloop.backends import TaskloopBackend, keyed_tube_name, tube_name
 from django_taskloop.engine import db_now
+from django_taskloop.exceptions import TaskExpired
 from django_taskloop.models import Failure, TaskRecord, Tube
 from django_taskloop.task_options import TaskloopTask
 from django_taskloop.workers import FailedForGood
 from tests.testapp.models import WorkLog
 
 from . import options_tasks as t
-from .workers_util import add, run_workers
+from .workers_util import add, run_workers, start_workers, stop, wait_until
 
 try:
     from django.tasks import TaskResultStatus, task, task_backends
@@ -178,3 +184,126 @@ def test_retries_run_in_worker_processes_and_every_attempt_is_kept():
     ]
     assert "summary tasks.default: 2 done, 5 failed" in run.stderr
     assert Tube.objects.statistics()["tasks.default"]["tasks"]["total"] == 0
+
+
+# ttl ----------------------------------------------------------------------------------------
+
+
+def age(result, seconds: float, run_after_ago: float | None = None) -> None:
+    """Make ``result`` look enqueued ``seconds`` ago (and due ``run_after_ago`` seconds ago)."""
+    now = db_now()
+    TaskRecord.objects.filter(pk=result.id).update(
+        enqueued_at=now - dt.timedelta(seconds=seconds),
+        run_after=None if run_after_ago is None else now - dt.timedelta(seconds=run_after_ago),
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_not_started_within_its_ttl_ends_failed_and_never_runs():
+    late = t.must_start_soon.enqueue("late")
+    age(late, 61)
+    error = run_one()
+    assert "expired" in str(error)
+    late.refresh()
+    assert late.status == TaskResultStatus.FAILED and late.finished_at is not None
+    (failure,) = late.errors
+    assert failure.exception_class is TaskExpired
+    assert "not started within its ttl of 60 s" in failure.traceback
+    assert not WorkLog.objects.filter(kind="ttl").exists()  # never called
+    assert Tube.objects.statistics()[tube_name("default")]["tasks"]["total"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_started_within_its_ttl_runs_and_run_after_extends_the_ttl():
+    in_time = t.must_start_soon.enqueue("in time")
+    age(in_time, 59)
+    assert run_one() is None
+    in_time.refresh()
+    assert in_time.status == TaskResultStatus.SUCCESSFUL and in_time.return_value == "in time"
+    # Enqueued 100 s ago but due only 30 s ago: the ttl counts from run_after (as a delay
+    # extends a tube task's ttl).
+    deferred = t.must_start_soon.enqueue("deferred")
+    age(deferred, 100, run_after_ago=30)
+    assert run_one() is None
+    assert t.must_start_soon.get_result(deferred.id).status == TaskResultStatus.SUCCESSFUL
+    # using(ttl=…) for one call.
+    short = t.must_start_soon.using(ttl=5).enqueue("short")
+    age(short, 6)
+    assert "expired" in str(run_one())
+    assert WorkLog.objects.filter(kind="ttl").count() == 2
+
+
+# ttr ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_task_whose_worker_stops_beating_comes_back_after_its_ttr(settings):
+    settings.TASKLOOP = {"HEARTBEAT_INTERVAL": 0.5}
+    hung = t.hangs_first.enqueue("hung")
+    long = t.naps_past_ttr.enqueue(3)  # longer than its ttr: the heartbeat keeps its lease
+    env = {"DJANGO_SETTINGS_MODULE": "tests.workers_settings", "TASKLOOP_OVERRIDES": FAST}
+    worker = start_workers("--only", "tasks.default", **env)
+    output = ""
+    try:
+        first = wait_until(lambda: WorkLog.objects.filter(kind="ttr", phase="start").first(), timeout=60)
+        os.kill(first.pid, signal.SIGKILL)  # the worker process running it dies
+        killed = time.time()
+        output += stop(worker, signal.SIGKILL)
+        # Meanwhile the task still reads RUNNING (nothing ran it to an end).
+        assert t.hangs_first.get_result(hung.id).status == TaskResultStatus.RUNNING
+        worker = start_workers("--only", "tasks.default", **env)
+        wait_until(lambda: t.hangs_first.get_result(hung.id).is_finished, timeout=60)
+        again = WorkLog.objects.filter(kind="ttr", phase="start").order_by("at").last()
+        # Back after the ttr (2 s), long before the dead consumer's timeout (60 s).
+        assert again.pid != first.pid and again.at - killed < 30
+        wait_until(lambda: t.naps_past_ttr.get_result(long.id).is_finished, timeout=60)
+    finally:
+        output += stop(worker)
+    hung.refresh()
+    assert hung.status == TaskResultStatus.SUCCESSFUL, output
+    assert hung.return_value == 2 and hung.attempts == 2
+    long.refresh()
+    assert long.status == TaskResultStatus.SUCCESSFUL and long.attempts == 1, output
+
+
+# key ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_keyed_tasks_wait_in_their_key_s_sub_queue():
+    t.step.enqueue(7, 0)
+    t.step.using(key="by hand").enqueue(7, 1)
+    tasks = list(Tube.objects.get(name=keyed_tube_name("default"))._tasks().order_by("id"))
+    assert [task.utube for task in tasks] == ["account:7", "by hand"]
+    assert Tube.objects.get(name=keyed_tube_name("default")).type == "utubettl"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_tasks_with_the_same_key_run_one_at_a_time_in_enqueue_order():
+    for n in range(6):
+        for account in (1, 2):
+            t.step.enqueue(account, n)
+
+    run = run_workers(
+        "--burst",
+        "--processes",
+        "3",
+        "--only",
+        "tasks-keyed.default",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
+
+    assert run.returncode == 0, run.stderr
+    for account in ("1", "2"):
+        rows = list(
+            WorkLog.objects.filter(kind="key", key__startswith=account)
+            .order_by("at", "id")
+            .values_list("phase", "key")
+        )
+        # start, end, start, end…: never two of one key at once; steps in enqueue order.
+        assert [phase for phase, _ in rows] == ["start", "end"] * 6, rows
+        assert [key for phase, key in rows if phase == "end"] == [f"{account}:{n}" for n in range(6)]
+    assert TaskRecord.objects.filter(status="SUCCESSFUL").count() == 12
