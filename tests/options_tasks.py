@@ -87,3 +87,8 @@ def on_commit(name: str) -> str:
 def naps_past_ttr(seconds: float) -> str:
     time.sleep(seconds)
     return "rested"
+
+
+def enqueue_refresh(report: str) -> str:
+    """Enqueue ``refresh(report)`` and return the result's id (a racing process's target)."""
+    return refresh.enqueue(report).id

@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from django.db import transaction
 
 from django_taskloop.backends import TaskloopBackend, keyed_tube_name, tube_name
 from django_taskloop.engine import db_now
@@ -307,3 +308,73 @@ def test_tasks_with_the_same_key_run_one_at_a_time_in_enqueue_order():
         assert [phase for phase, _ in rows] == ["start", "end"] * 6, rows
         assert [key for phase, key in rows if phase == "end"] == [f"{account}:{n}" for n in range(6)]
     assert TaskRecord.objects.filter(status="SUCCESSFUL").count() == 12
+
+
+# unique -----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unique_by_arguments_returns_the_waiting_task_s_result():
+    first = t.refresh.enqueue("sales")
+    again = t.refresh.enqueue("sales")
+    other = t.refresh.enqueue("costs")
+    assert again.id == first.id and other.id != first.id
+    assert again.status == TaskResultStatus.READY and again.args == ["sales"]
+    assert TaskRecord.objects.count() == 2
+    assert len(Tube.objects.get(name=tube_name("default"))._tasks()) == 2
+    # Once it has started it no longer waits: the next enqueue adds a new one.
+    assert run_one() is None
+    assert t.refresh.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
+    assert t.refresh.enqueue("sales").id != first.id
+    # Another task with the same arguments is not a twin.
+    assert t.must_start_soon.enqueue("sales").id != first.id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unique_by_key_returns_the_waiting_task_of_that_key():
+    first = t.sync.enqueue(1)
+    assert t.sync.enqueue(1).id == first.id
+    assert t.sync.enqueue(2).id != first.id
+    assert t.sync.using(key="account:1").enqueue(99).id == first.id  # same key, other args
+    assert run_one(keyed=True) is None  # account:1 ran
+    assert t.sync.enqueue(1).id != first.id
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_unique_holds_when_processes_enqueue_at_once():
+    from .conftest import race
+
+    ids = race(t.enqueue_refresh, [("race",)] * 4)
+    assert len(set(ids)) == 1
+    assert TaskRecord.objects.filter(status="READY").count() == 1
+    assert len(Tube.objects.get(name=tube_name("default"))._tasks()) == 1
+
+
+# enqueue_on_commit ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_on_commit_waits_for_the_commit():
+    with transaction.atomic():
+        result = t.on_commit.enqueue("later")
+        assert result.status == TaskResultStatus.READY and result.id
+        assert not TaskRecord.objects.exists()  # not yet
+    record = TaskRecord.objects.get()
+    assert record.id == result.id and record.enqueued_at is not None
+    (queued,) = Tube.objects.get(name=tube_name("default"))._tasks()
+    assert queued.data == {"result": result.id}
+    assert run_one() is None
+    assert t.on_commit.get_result(result.id).return_value == "later"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_on_commit_enqueues_nothing_if_the_transaction_rolls_back():
+    with transaction.atomic():
+        t.on_commit.enqueue("never")
+        add.using(enqueue_on_commit=True).enqueue(1, 2)
+        transaction.set_rollback(True)
+    assert not TaskRecord.objects.exists()
+    # Outside a transaction it enqueues at once.
+    result = t.on_commit.enqueue("now")
+    assert TaskRecord.objects.get().id == result.id
