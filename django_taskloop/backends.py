@@ -478,6 +478,52 @@ if BaseTaskBackend is not None:
             engine.run_in_transaction(TaskRecord, using, work, lock_first=False)
             return delay
 
+        def retry(self, result_id: str) -> Any:
+            """Run the FAILED task ``result_id`` once more; return its ``TaskResult`` (READY).
+
+            A new attempt of the same result, not a new result: its ``errors`` and
+            ``worker_ids`` keep the attempts so far, its id stays the one callers hold. The
+            task goes back to its queue (its key's sub-queue for a keyed task) at once, with
+            no ``ttl`` (an operator asked for it now). One attempt only: if it fails again it
+            is FAILED again, whatever ``max_attempts`` says. Raises
+            ``TaskResultDoesNotExist`` for an unknown id and ``ValueError`` if the task is not
+            FAILED or its path no longer names a Task.
+            """
+            from . import engine
+            from .models import TaskRecord, TaskRecordStatus
+
+            using = router.db_for_write(TaskRecord)
+            manager = TaskRecord.objects.db_manager(using)
+
+            def work() -> Any:
+                record = manager.select_for_update().filter(pk=result_id, backend=self.alias).first()
+                if record is None:
+                    raise TaskResultDoesNotExist(result_id)
+                if record.status != TaskRecordStatus.FAILED:
+                    raise ValueError(f"only a FAILED task can be retried; {record.id} is {record.status}")
+                try:
+                    task = self._stored_task(record)
+                except (ImportError, TypeError) as error:
+                    raise ValueError(f"{record.task_path} no longer names a Task: {error}") from None
+                key = task_key(task, record.args, record.kwargs) if isinstance(task, TaskloopTask) else None
+                options: dict[str, Any] = {"key": key} if key is not None else {}
+                ttr = getattr(task, "ttr", None)
+                if ttr is not None:
+                    options["ttr"] = ttr
+                data: dict[str, Any] = {"result": record.id}
+                if options:
+                    data["options"] = options
+                manager.filter(pk=record.pk).update(
+                    status=TaskRecordStatus.READY, finished_at=None, return_value=None
+                )
+                tube = _tube(using, record.queue_name, keyed=key is not None)
+                tube.put(data, pri=100 - record.priority, ttr=ttr, utube=key)
+                return record
+
+            record = engine.run_in_transaction(TaskRecord, using, work)
+            record.refresh_from_db()
+            return self._to_result(record)
+
         def _stored_task(self, record: Any) -> Any:
             """Return the Task that ``record`` names (ImportError, or TypeError if not a Task)."""
             task = import_string(record.task_path)

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from . import boards, loops, operating, tubes
+from . import boards, loops, operating, results, tubes
 from .base import TaskloopAdminMixin
 from .boards import JobAdmin, JobBoardAdmin
 from .charts import bar_chart
 from .lockable import LockableAdmin, LockStateFilter
 from .loops import LoopStateFilter, TaskLoopAdmin, register_loops
 from .paginator import EstimatedCountPaginator
+from .results import TaskRecordAdmin
 from .tubes import TaskAdmin, TubeAdmin
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "LoopStateFilter",
     "TaskAdmin",
     "TaskLoopAdmin",
+    "TaskRecordAdmin",
     "TaskloopAdminMixin",
     "TubeAdmin",
     "bar_chart",
@@ -56,6 +58,7 @@ def register_all(site: admin.AdminSite) -> None:
     boards.register(site)
     tubes.register(site)
     operating.register(site)
+    results.register(site)
     if site.index_template is None:
         # The admin index links the dashboard (a project's own index template wins).
         site.index_template = "admin/django_taskloop/index.html"
