@@ -193,11 +193,12 @@ if BaseTaskBackend is not None:
             from .conf import setting
 
             key = task_key(task, args, kwargs)
-            if task.ttr is not None and task.ttr <= float(setting("HEARTBEAT_INTERVAL")):
-                # The worker renews a running task's lease at each heartbeat: a shorter ttr
-                # would run out under a healthy worker and run the task twice.
+            if task.ttr is not None and task.ttr < 2 * float(setting("HEARTBEAT_INTERVAL")):
+                # The worker renews a running task's lease at each heartbeat: a ttr shorter
+                # than two beats could run out under a healthy but busy worker, and the task
+                # would run twice.
                 raise ValueError(
-                    f"ttr must be longer than TASKLOOP['HEARTBEAT_INTERVAL'] "
+                    f"ttr must be at least twice TASKLOOP['HEARTBEAT_INTERVAL'] "
                     f"({setting('HEARTBEAT_INTERVAL')} s), not {task.ttr!r}"
                 )
             if key is not None:

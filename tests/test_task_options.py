@@ -100,8 +100,8 @@ def test_a_bad_option_is_refused_where_the_task_is_defined(options, error, match
 @pytest.mark.django_db
 def test_a_bad_option_enqueues_nothing(settings):
     settings.TASKLOOP = {"HEARTBEAT_INTERVAL": 10}
-    with pytest.raises(ValueError, match=r"ttr must be longer than TASKLOOP\['HEARTBEAT_INTERVAL'\]"):
-        add.using(ttr=5).enqueue(1, 2)
+    with pytest.raises(ValueError, match=r"ttr must be at least twice TASKLOOP\['HEARTBEAT_INTERVAL'\]"):
+        add.using(ttr=19).enqueue(1, 2)
     with pytest.raises(ValueError, match="must return a non-empty str"):
         add.using(key=lambda a, b: None).enqueue(1, 2)
     assert not TaskRecord.objects.exists()
