@@ -378,3 +378,34 @@ def test_enqueue_on_commit_enqueues_nothing_if_the_transaction_rolls_back():
     # Outside a transaction it enqueues at once.
     result = t.on_commit.enqueue("now")
     assert TaskRecord.objects.get().id == result.id
+
+
+# What options cost ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_options_cost_no_statement_unless_they_look_for_a_twin(settings):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    settings.TASKLOOP = {"HEARTBEAT_INTERVAL": 1}
+    t.step.enqueue(1, 0)  # the first enqueues of a process make the queues' tubes
+    add.enqueue(0, 0)
+
+    def statements(enqueue) -> list[str]:
+        with CaptureQueriesContext(connection) as queries:
+            enqueue()
+        return [
+            q["sql"]
+            for q in queries.captured_queries
+            if q["sql"].upper() not in ("BEGIN", "COMMIT")
+            and not q["sql"].startswith(("SAVEPOINT", "RELEASE"))
+        ]
+
+    options = add.using(max_attempts=3, backoff=2, ttl=60, ttr=30)
+    assert len(statements(lambda: options.enqueue(1, 2))) == 2
+    assert len(statements(lambda: t.step.enqueue(1, 1))) == 2
+    first = statements(lambda: t.refresh.enqueue("x"))
+    twin = statements(lambda: t.refresh.enqueue("x"))
+    # The tube row's lock and the look for a twin; the twin costs no INSERT.
+    assert len(first) <= 5 and not any(sql.lstrip().upper().startswith("INSERT") for sql in twin)
