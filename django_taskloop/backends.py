@@ -21,7 +21,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, router, transaction
 from django.utils.module_loading import import_string
 
-from .exceptions import NotFound
+from .exceptions import NotFound, TaskExpired
+from .task_options import TaskloopTask, task_key
 
 try:  # Django 6.0+
     from django.tasks import TaskResult, TaskResultStatus, task_backends
@@ -45,7 +46,14 @@ except ImportError:  # Django 5.2 with the django-tasks backport
 if TYPE_CHECKING:
     from .workers import Handler
 
-__all__ = ["TaskloopBackend", "TUBE_PREFIX", "tube_name", "task_handlers"]
+__all__ = [
+    "TaskloopBackend",
+    "TUBE_PREFIX",
+    "KEYED_TUBE_PREFIX",
+    "tube_name",
+    "keyed_tube_name",
+    "task_handlers",
+]
 
 logger = logging.getLogger("django_taskloop.tasks")
 
@@ -53,9 +61,19 @@ logger = logging.getLogger("django_taskloop.tasks")
 TUBE_PREFIX = "tasks."
 
 
+#: Tasks enqueued with a ``key`` wait in a ``utubettl`` tube named ``KEYED_TUBE_PREFIX + queue_name``
+#: (one sub-queue per key: one task of a key runs at a time).
+KEYED_TUBE_PREFIX = "tasks-keyed."
+
+
 def tube_name(queue_name: str) -> str:
     """Return the name of the tube that holds the tasks of ``queue_name``."""
     return f"{TUBE_PREFIX}{queue_name}"
+
+
+def keyed_tube_name(queue_name: str) -> str:
+    """Return the name of the tube that holds the keyed tasks of ``queue_name``."""
+    return f"{KEYED_TUBE_PREFIX}{queue_name}"
 
 
 if BaseTaskBackend is not None:
@@ -67,6 +85,9 @@ if BaseTaskBackend is not None:
         supports_async_task = True
         supports_get_result = True
         supports_priority = True
+
+        #: ``@task(max_attempts=…, backoff=…, ttl=…, ttr=…, key=…, unique=…, enqueue_on_commit=…)``
+        task_class = TaskloopTask
 
         def _refuse_if_not_installed(self) -> None:
             # Django 6 runs backend checks only once django.tasks is imported: fail clearly at
@@ -128,6 +149,8 @@ if BaseTaskBackend is not None:
                 kwargs=normalize_json(dict(kwargs)),
                 enqueued_at=engine.DbNow(),
             )
+            if _has_options(task):
+                return self._enqueue_with_options(task, record, using, args, kwargs)
             for attempt in range(2):
                 try:
                     self._insert(record, task, using, fresh=attempt > 0)
@@ -153,6 +176,124 @@ if BaseTaskBackend is not None:
             if task.run_after is not None:
                 queued.state, queued.event_at = DELAYED, task.run_after
             tube._insert([queued], check_exists=False, along=[(record, ["enqueued_at"])])
+
+        def _enqueue_with_options(self, task: Any, record: Any, using: str, args: Any, kwargs: Any) -> Any:
+            """Enqueue a task that has django-taskloop options (see :mod:`.task_options`).
+
+            The tube task's data carries what a worker needs at run time (``max_attempts``,
+            ``ttl``, ``ttr``, ``key``, a numeric ``backoff``), so that ``using()`` for one call
+            holds for its retries too; a callable ``backoff`` is read from the task's definition.
+            """
+            from .conf import setting
+
+            key = task_key(task, args, kwargs)
+            if task.ttr is not None and task.ttr < 2 * float(setting("HEARTBEAT_INTERVAL")):
+                # The worker renews a running task's lease at each heartbeat: a ttr shorter
+                # than two beats could run out under a healthy but busy worker, and the task
+                # would run twice.
+                raise ValueError(
+                    f"ttr must be at least twice TASKLOOP['HEARTBEAT_INTERVAL'] "
+                    f"({setting('HEARTBEAT_INTERVAL')} s), not {task.ttr!r}"
+                )
+            if key is not None:
+                from .validation import check_name
+
+                check_name(keyed_tube_name(task.queue_name), "queue_name")
+            options: dict[str, Any] = {}
+            if task.max_attempts != 1:
+                options["max_attempts"] = task.max_attempts
+            if task.backoff is not None and not callable(task.backoff):
+                options["backoff"] = task.backoff
+            for name, value in (("ttl", task.ttl), ("ttr", task.ttr), ("key", key)):
+                if value is not None:
+                    options[name] = value
+            data: dict[str, Any] = {"result": record.id}
+            if options:
+                data["options"] = options
+            unique_on = task.unique_on
+
+            def enqueue_now() -> Any:
+                return self._insert_with_options(record, task, using, data, key, unique_on)
+
+            if task.enqueue_on_commit and connections[using].in_atomic_block:
+                # The record's id is known now; the rows are written when the caller commits.
+                record.enqueued_at = None
+                result = self._to_result(record, task)
+                transaction.on_commit(enqueue_now, using=using)
+                return result
+            return enqueue_now()
+
+        def _insert_with_options(
+            self, record: Any, task: Any, using: str, data: Any, key: str | None, unique_on: str | None
+        ) -> Any:
+            """INSERT the record and its tube task (or find the waiting twin); return the result."""
+            from . import engine
+            from .models import TaskRecord
+            from .models.tubes import DELAYED
+
+            def work(tube: Any) -> Any:
+                if unique_on is not None:
+                    twin = self._waiting_twin(tube, record, key, unique_on, using)
+                    if twin is not None:
+                        return twin
+                queued = tube._new_task(data, 100 - task.priority, None, task.ttr, None, key)
+                if task.run_after is not None:
+                    queued.state, queued.event_at = DELAYED, task.run_after
+                engine.insert([record], using, returning=["enqueued_at"])
+                tube._insert([queued], check_exists=False)
+                return None
+
+            for attempt in range(2):
+                tube = _tube(using, task.queue_name, fresh=attempt > 0, keyed=key is not None)
+                try:
+                    # unique: the look for a twin and the insert must be one step. SQLite's
+                    # write lock taken first serialises them; elsewhere _waiting_twin locks
+                    # the tube's row.
+                    twin = engine.run_in_transaction(
+                        TaskRecord, using, lambda tube=tube: work(tube), lock_first=unique_on is not None
+                    )
+                    break
+                except (IntegrityError, NotFound):
+                    # The queue's tube was dropped since this process looked it up (see enqueue).
+                    if attempt or connections[using].in_atomic_block:
+                        raise
+                    record.enqueued_at = engine.DbNow()
+            if twin is not None:
+                return self._to_result(twin, task)
+            result = self._to_result(record, task)
+            transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=using)
+            return result
+
+        def _waiting_twin(self, tube: Any, record: Any, key: str | None, unique_on: str, using: str) -> Any:
+            """Return the oldest waiting (READY) record that ``record`` would duplicate, or None.
+
+            Locks the tube's row first, so that two enqueues of twins at once take turns.
+            """
+            from .models import Task as TubeTask
+            from .models import TaskRecord, TaskRecordStatus, Tube
+            from .models.tubes import DELAYED, READY
+
+            list(Tube.objects.using(using).select_for_update().filter(pk=tube.pk).values_list("pk"))
+            waiting = TaskRecord.objects.using(using).filter(
+                backend=record.backend,
+                queue_name=record.queue_name,
+                task_path=record.task_path,
+                status=TaskRecordStatus.READY,
+            )
+            if unique_on == "key":
+                ids = [
+                    data.get("result")
+                    for data in TubeTask.objects.using(using)
+                    .filter(tube_id=tube.pk, utube=key, state__in=[READY, DELAYED])
+                    .values_list("data", flat=True)
+                    if isinstance(data, dict)
+                ]
+                if not ids:
+                    return None
+                waiting = waiting.filter(pk__in=ids)
+            else:
+                waiting = waiting.filter(args=record.args, kwargs=record.kwargs)
+            return waiting.order_by("enqueued_at", "pk").first()
 
         def get_result(self, result_id: str) -> Any:
             """Return the ``TaskResult`` of ``result_id`` as it is now."""
@@ -194,7 +335,7 @@ if BaseTaskBackend is not None:
             object.__setattr__(result, "_return_value", record.return_value)
             return result
 
-        def execute(self, result_id: str, worker_id: str) -> None:
+        def execute(self, result_id: str, worker_id: str, queued: Any = None) -> None:
             """Run the task ``result_id`` and record how it ended (called by the worker).
 
             Whatever the task raises — ``SystemExit`` and ``KeyboardInterrupt`` included — ends
@@ -204,6 +345,12 @@ if BaseTaskBackend is not None:
             task goes back to run later (Django Tasks have no retry of their own, so FAILED
             would lose work that merely met a deploy). Raises :class:`FailedForGood` after
             recording a failure, so that the worker counts it as failed, not done.
+
+            ``queued`` is the tube task that brought the call (its data carries the options of
+            :mod:`.task_options`): a task with ``max_attempts`` left is READY again and put back
+            after its backoff (a new tube task, the same record: its ``errors`` list every
+            attempt); one with a ``ttl`` that was not started in time ends FAILED with
+            :class:`~django_taskloop.exceptions.TaskExpired` and is never called.
             """
             from . import engine
             from .models import TaskRecord, TaskRecordStatus
@@ -211,6 +358,9 @@ if BaseTaskBackend is not None:
 
             using = router.db_for_write(TaskRecord)
             manager = TaskRecord.objects.db_manager(using)
+            data = getattr(queued, "data", None)
+            options = data.get("options", {}) if isinstance(data, dict) else {}
+            expired: list[Any] = []
 
             def start() -> Any:
                 record = manager.select_for_update().filter(pk=result_id).first()
@@ -218,6 +368,16 @@ if BaseTaskBackend is not None:
                     # Finished already: the worker that ran it died before acknowledging.
                     return None
                 now = engine.db_now(using)
+                ttl = options.get("ttl")
+                if ttl is not None and record.started_at is None:
+                    # The ttl counts from the enqueue, or from run_after (a delay extends it,
+                    # as in the tube), on the database's clock like every deadline.
+                    since = max(record.enqueued_at, record.run_after or record.enqueued_at)
+                    if (now - since).total_seconds() > ttl:
+                        expired.append(
+                            TaskExpired(f"not started within its ttl of {ttl:g} s (since {since})")
+                        )
+                        return record
                 record.status = TaskRecordStatus.RUNNING
                 record.started_at = record.started_at or now
                 record.last_attempted_at = now
@@ -228,6 +388,9 @@ if BaseTaskBackend is not None:
             record = engine.run_in_transaction(TaskRecord, using, start)
             if record is None:
                 return
+            if expired:
+                self._finish(manager, record, TaskRecordStatus.FAILED, None, expired[0])
+                raise FailedForGood(f"task {record.id} ({record.task_path}) expired") from expired[0]
             try:
                 task = self._stored_task(record)
             except (ImportError, TypeError) as error:
@@ -251,11 +414,110 @@ if BaseTaskBackend is not None:
                 )
                 raise
             except BaseException as error:  # SystemExit and KeyboardInterrupt end the task too
+                attempt = len(record.worker_ids)
+                most = int(options.get("max_attempts", getattr(task, "max_attempts", 1)))
+                if queued is not None:
+                    # The runner numbers the Failure row by its item's attempts: this record's
+                    # attempt, not the take count of this attempt's own tube task.
+                    queued.attempts = attempt
+                if attempt < most:
+                    delay = self._retry(manager, record, task, options, attempt, error, using)
+                    raise FailedForGood(
+                        f"task {record.id} ({record.task_path}) failed (attempt {attempt} of {most}), "
+                        f"retrying in {delay:g} s"
+                    ) from error
                 # task_finished is sent inside the except block: its receivers log with
                 # logger.exception(), which needs the exception being handled.
                 self._finish(manager, record, TaskRecordStatus.FAILED, None, error)
-                raise FailedForGood(f"task {record.id} ({record.task_path}) failed") from error
+                suffix = f" (attempt {attempt} of {most})" if most > 1 else ""
+                raise FailedForGood(f"task {record.id} ({record.task_path}) failed{suffix}") from error
             self._finish(manager, record, TaskRecordStatus.SUCCESSFUL, value, None)
+
+        def _retry(
+            self,
+            manager: Any,
+            record: Any,
+            task: Any,
+            options: dict[str, Any],
+            attempt: int,
+            error: BaseException,
+            using: str,
+        ) -> float:
+            """Make ``record`` READY again with ``error`` kept, and put it back after its backoff.
+
+            One transaction: the record and a new tube task (``put`` with ``delay``) in its
+            queue's tube (its key's sub-queue for a keyed task). Returns the delay.
+            """
+            from . import engine
+            from .models import TaskRecord, TaskRecordStatus
+
+            if "backoff" in options:
+                delay = float(options["backoff"])
+            elif isinstance(task, TaskloopTask):
+                delay = task.retry_delay(attempt)
+            else:  # the definition lost its options since: the worker's backoff
+                from .workers.drivers import backoff
+
+                delay = backoff(attempt)
+            errors = [*record.errors, _error_entry(error)]
+            key = options.get("key")
+            data: dict[str, Any] = {"result": record.id}
+            if options:
+                data["options"] = options
+
+            def work() -> None:
+                manager.filter(pk=record.pk).update(status=TaskRecordStatus.READY, errors=errors)
+                tube = _tube(using, record.queue_name, keyed=key is not None)
+                tube.put(data, pri=100 - record.priority, ttr=options.get("ttr"), delay=delay, utube=key)
+
+            engine.run_in_transaction(TaskRecord, using, work, lock_first=False)
+            return delay
+
+        def retry(self, result_id: str) -> Any:
+            """Run the FAILED task ``result_id`` once more; return its ``TaskResult`` (READY).
+
+            A new attempt of the same result, not a new result: its ``errors`` and
+            ``worker_ids`` keep the attempts so far, its id stays the one callers hold. The
+            task goes back to its queue (its key's sub-queue for a keyed task) at once, with
+            no ``ttl`` (an operator asked for it now). One attempt only: if it fails again it
+            is FAILED again, whatever ``max_attempts`` says. Raises
+            ``TaskResultDoesNotExist`` for an unknown id and ``ValueError`` if the task is not
+            FAILED or its path no longer names a Task.
+            """
+            from . import engine
+            from .models import TaskRecord, TaskRecordStatus
+
+            using = router.db_for_write(TaskRecord)
+            manager = TaskRecord.objects.db_manager(using)
+
+            def work() -> Any:
+                record = manager.select_for_update().filter(pk=result_id, backend=self.alias).first()
+                if record is None:
+                    raise TaskResultDoesNotExist(result_id)
+                if record.status != TaskRecordStatus.FAILED:
+                    raise ValueError(f"only a FAILED task can be retried; {record.id} is {record.status}")
+                try:
+                    task = self._stored_task(record)
+                except (ImportError, TypeError) as error:
+                    raise ValueError(f"{record.task_path} no longer names a Task: {error}") from None
+                key = task_key(task, record.args, record.kwargs) if isinstance(task, TaskloopTask) else None
+                options: dict[str, Any] = {"key": key} if key is not None else {}
+                ttr = getattr(task, "ttr", None)
+                if ttr is not None:
+                    options["ttr"] = ttr
+                data: dict[str, Any] = {"result": record.id}
+                if options:
+                    data["options"] = options
+                manager.filter(pk=record.pk).update(
+                    status=TaskRecordStatus.READY, finished_at=None, return_value=None
+                )
+                tube = _tube(using, record.queue_name, keyed=key is not None)
+                tube.put(data, pri=100 - record.priority, ttr=ttr, utube=key)
+                return record
+
+            record = engine.run_in_transaction(TaskRecord, using, work)
+            record.refresh_from_db()
+            return self._to_result(record)
 
         def _stored_task(self, record: Any) -> Any:
             """Return the Task that ``record`` names (ImportError, or TypeError if not a Task)."""
@@ -275,18 +537,32 @@ if BaseTaskBackend is not None:
 
             errors = list(record.errors)
             if error is not None:
-                kind = type(error)
-                errors.append(
-                    {
-                        "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
-                        "traceback": "".join(format_exception(error)),
-                    }
-                )
+                errors.append(_error_entry(error))
             manager.filter(pk=record.pk).update(
                 status=status, return_value=value, errors=errors, finished_at=engine.DbNow()
             )
             record.refresh_from_db()
             task_finished.send(type(self), task_result=self._to_result(record))
+
+    def _has_options(task: Any) -> bool:
+        """Say whether ``task`` uses any django-taskloop option (a plain enqueue stays two INSERTs)."""
+        return isinstance(task, TaskloopTask) and (
+            task.max_attempts != 1
+            or task.backoff is not None
+            or task.ttl is not None
+            or task.ttr is not None
+            or task.key is not None
+            or bool(task.unique)
+            or task.enqueue_on_commit
+        )
+
+    def _error_entry(error: BaseException) -> dict[str, str]:
+        """Return ``error`` as one entry of ``TaskRecord.errors`` (Django's ``TaskError`` fields)."""
+        kind = type(error)
+        return {
+            "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
+            "traceback": "".join(format_exception(error)),
+        }
 
     def _missing(*args: Any, **kwargs: Any) -> None:
         """Stand-in for a stored task path that no longer imports (see ``_to_result``)."""
@@ -300,11 +576,12 @@ else:  # pragma: no cover - neither django.tasks nor the backport is installed
 _tubes: dict[tuple[str, str], Any] = {}
 
 
-def _tube(using: str, queue_name: str, fresh: bool = False) -> Any:
-    """Return the tube that holds ``queue_name``'s tasks, made on first use."""
+def _tube(using: str, queue_name: str, fresh: bool = False, keyed: bool = False) -> Any:
+    """Return the tube that holds ``queue_name``'s tasks (``keyed``: its keyed tasks), made on
+    first use."""
     from .models import Tube
 
-    key = (using, queue_name)
+    key = (using, keyed_tube_name(queue_name) if keyed else queue_name)
     tube = _tubes.get(key)
     if tube is not None and not fresh and connections[using].in_atomic_block:
         # Inside a caller's transaction a vanished tube would show only at its commit (or
@@ -312,7 +589,8 @@ def _tube(using: str, queue_name: str, fresh: bool = False) -> Any:
         fresh = not Tube.objects.using(using).filter(pk=tube.pk, name=tube.name).exists()
     if fresh or tube is None:
         _tubes[key] = Tube.objects.db_manager(using).create_tube(
-            tube_name(queue_name), "fifottl", if_not_exists=True
+            *((keyed_tube_name(queue_name), "utubettl") if keyed else (tube_name(queue_name), "fifottl")),
+            if_not_exists=True,
         )
     return _tubes[key]
 
@@ -329,19 +607,19 @@ def task_handlers() -> list[Handler]:
         if not isinstance(backend, TaskloopBackend):
             continue
         for queue in sorted(backend.queues):
-            name = tube_name(queue)
-            handlers.append(
-                Handler(
-                    "tube",
-                    name,
-                    _run_stored,
-                    name,
-                    batch=20,
-                    lease=60,
-                    create={"type": "fifottl"},
-                    builtin=True,
+            for name, kind in ((tube_name(queue), "fifottl"), (keyed_tube_name(queue), "utubettl")):
+                handlers.append(
+                    Handler(
+                        "tube",
+                        name,
+                        _run_stored,
+                        name,
+                        batch=20,
+                        lease=60,
+                        create={"type": kind},
+                        builtin=True,
+                    )
                 )
-            )
     return handlers
 
 
@@ -354,4 +632,4 @@ def _run_stored(task: Any) -> None:
     if record is None:
         logger.warning("Django task %s has no record any more: dropped", result_id)
         return
-    task_backends[record.backend].execute(result_id, f"{socket.gethostname()}:{os.getpid()}")
+    task_backends[record.backend].execute(result_id, f"{socket.gethostname()}:{os.getpid()}", queued=task)

@@ -8,6 +8,7 @@ __all__ = [
     "NotTaken",
     "TubeError",
     "DatabaseBusy",
+    "TaskExpired",
 ]
 
 
@@ -37,3 +38,7 @@ class TubeError(TaskloopError):
 
 class DatabaseBusy(TaskloopError):
     """The database stayed locked or deadlocked after the engine's bounded retries."""
+
+
+class TaskExpired(TaskloopError):
+    """A Django Task with a ``ttl`` was not started within it: it ends FAILED, never runs late."""

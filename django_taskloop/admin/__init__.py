@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from . import boards, loops, operating, schedules, tubes
+from . import boards, loops, operating, results, schedules, tubes
 from .base import TaskloopAdminMixin
 from .boards import JobAdmin, JobBoardAdmin
 from .charts import bar_chart
 from .lockable import LockableAdmin, LockStateFilter
 from .loops import LoopStateFilter, TaskLoopAdmin, register_loops
 from .paginator import EstimatedCountPaginator
+from .results import TaskRecordAdmin
 from .schedules import ScheduleAdmin
 from .tubes import TaskAdmin, TubeAdmin
 
@@ -42,6 +43,7 @@ __all__ = [
     "ScheduleAdmin",
     "TaskAdmin",
     "TaskLoopAdmin",
+    "TaskRecordAdmin",
     "TaskloopAdminMixin",
     "TubeAdmin",
     "bar_chart",
@@ -60,6 +62,7 @@ def register_all(site: admin.AdminSite) -> None:
     tubes.register(site)
     operating.register(site)
     schedules.register(site)
+    results.register(site)
     if site.index_template is None:
         # The admin index links the dashboard (a project's own index template wins).
         site.index_template = "admin/django_taskloop/index.html"

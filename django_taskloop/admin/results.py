@@ -1,0 +1,226 @@
+"""Admin of Django Tasks results (``TaskRecord``): status, call, return value, every attempt.
+
+- Filter by status, queue and task; search by result id.
+- Each result's page shows its arguments, its return value and every failed attempt with its
+  traceback (``TaskResult.errors``), and which workers ran it.
+- "Retry" runs a FAILED task once more as a new attempt of the same result
+  (:meth:`TaskloopBackend.retry`): the id callers hold stays valid.
+- Finished results are kept ``TASKLOOP["RESULT_RETENTION"]`` seconds and pruned by
+  ``manage.py reap_locks``: the list and each page say until when.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext_lazy as _
+
+from ..conf import setting
+from ..models import TaskRecord, TaskRecordStatus
+from .base import TaskloopAdminMixin, humanize_seconds, state_badge
+
+__all__ = ["TaskRecordAdmin", "register"]
+
+#: The colour (admin.css class) of each status: the tubes' colours for the same meaning.
+STATUS_CSS = {
+    TaskRecordStatus.READY: "ready",
+    TaskRecordStatus.RUNNING: "taken",
+    TaskRecordStatus.FAILED: "failed",
+    TaskRecordStatus.SUCCESSFUL: "done",
+}
+
+
+def _pretty(value: Any) -> str:
+    return format_html('<pre class="tl-value">{}</pre>', json.dumps(value, indent=2, sort_keys=True))
+
+
+class QueueFilter(admin.SimpleListFilter):
+    """The queues of the configured backends (no scan of the results for distinct names)."""
+
+    title = _("queue")
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        from ..backends import TaskloopBackend
+
+        if TaskloopBackend is None:
+            return []
+        from ..backends import task_backends
+
+        queues: set[str] = set()
+        for alias in task_backends.settings:
+            backend = task_backends[alias]
+            if isinstance(backend, TaskloopBackend):
+                queues |= set(backend.queues)
+        return [(q, q) for q in sorted(queues)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(queue_name=self.value()) if self.value() else queryset
+
+
+class TaskPathFilter(admin.SimpleListFilter):
+    """The tasks enqueued lately (the 30 most recent paths, read from the newest results)."""
+
+    title = _("task")
+    parameter_name = "task"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        recent = TaskRecord.objects.order_by("-enqueued_at").values_list("task_path", flat=True)[:2000]
+        seen: dict[str, None] = {}
+        for path in recent:
+            seen.setdefault(path, None)
+            if len(seen) >= 30:
+                break
+        return [(path, path.rsplit(".", 1)[-1]) for path in sorted(seen)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(task_path=self.value()) if self.value() else queryset
+
+
+class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+    """Results of Django Tasks, newest first, with every attempt and a retry action."""
+
+    list_display = (
+        "short_id",
+        "task_name",
+        "queue_name",
+        "status_badge",
+        "attempt_count",
+        "enqueued_at",
+        "kept_until",
+    )
+    list_filter = ("status", QueueFilter, TaskPathFilter)
+    search_fields = ("=id",)
+    search_help_text = _("A result id.")
+    ordering = ("-enqueued_at",)
+    sortable_by = ("enqueued_at",)
+    actions = ["retry_tasks"]
+    readonly_fields = (
+        "id",
+        "task_path",
+        "backend",
+        "queue_name",
+        "priority",
+        "status_badge",
+        "args_block",
+        "kwargs_block",
+        "return_value_block",
+        "attempts_block",
+        "enqueued_at",
+        "run_after",
+        "started_at",
+        "last_attempted_at",
+        "finished_at",
+        "kept_until",
+    )
+    fields = readonly_fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # enqueue() makes them
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        retention = float(setting("RESULT_RETENTION"))
+        extra_context = {
+            **(extra_context or {}),
+            "subtitle": _("Finished results are kept %(time)s, then pruned by manage.py reap_locks.")
+            % {"time": humanize_seconds(retention)},
+        }
+        return super().changelist_view(request, extra_context)
+
+    @admin.display(description=_("id"))
+    def short_id(self, obj: TaskRecord) -> str:
+        return obj.id[:8]
+
+    @admin.display(description=_("task"))
+    def task_name(self, obj: TaskRecord) -> str:
+        return format_html('<span title="{}">{}</span>', obj.task_path, obj.task_path.rsplit(".", 1)[-1])
+
+    @admin.display(description=_("status"))
+    def status_badge(self, obj: TaskRecord) -> str:
+        return state_badge(obj.get_status_display(), STATUS_CSS.get(obj.status, "ready"))
+
+    @admin.display(description=_("attempts"))
+    def attempt_count(self, obj: TaskRecord) -> int:
+        return len(obj.worker_ids or [])
+
+    @admin.display(description=_("kept until"))
+    def kept_until(self, obj: TaskRecord) -> str:
+        if obj.finished_at is None or obj.status not in (
+            TaskRecordStatus.SUCCESSFUL,
+            TaskRecordStatus.FAILED,
+        ):
+            return "—"
+        until = obj.finished_at + dt.timedelta(seconds=float(setting("RESULT_RETENTION")))
+        return until.strftime("%Y-%m-%d %H:%M")
+
+    @admin.display(description=_("args"))
+    def args_block(self, obj: TaskRecord) -> str:
+        return _pretty(obj.args)
+
+    @admin.display(description=_("kwargs"))
+    def kwargs_block(self, obj: TaskRecord) -> str:
+        return _pretty(obj.kwargs)
+
+    @admin.display(description=_("return value"))
+    def return_value_block(self, obj: TaskRecord) -> str:
+        if obj.status != TaskRecordStatus.SUCCESSFUL:
+            return "—"
+        return _pretty(obj.return_value)
+
+    @admin.display(description=_("attempts"))
+    def attempts_block(self, obj: TaskRecord) -> str:
+        """Every attempt: the worker that ran it and, for each failed one, its traceback."""
+        workers = list(obj.worker_ids or [])
+        errors = list(obj.errors or [])
+        if not workers and not errors:
+            return "—"
+        rows = []
+        for n in range(max(len(workers), len(errors))):
+            worker = workers[n] if n < len(workers) else "—"
+            if n < len(errors):
+                error = errors[n]
+                outcome = format_html(
+                    '<code>{}</code><pre class="tl-traceback">{}</pre>',
+                    error.get("exception_class_path", ""),
+                    error.get("traceback", ""),
+                )
+            elif obj.status == TaskRecordStatus.SUCCESSFUL and n == len(workers) - 1:
+                outcome = format_html("{}", _("succeeded"))
+            else:
+                outcome = format_html("{}", _("running or interrupted"))
+            rows.append((n + 1, worker, outcome))
+        return format_html(
+            '<table class="tl-attempts"><thead><tr><th>{}</th><th>{}</th><th>{}</th></tr></thead>'
+            "<tbody>{}</tbody></table>",
+            _("attempt"),
+            _("worker"),
+            _("outcome"),
+            format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", rows),
+        )
+
+    @admin.action(description=_("Retry (a new attempt of the same result)"), permissions=["change"])
+    def retry_tasks(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        from ..backends import task_backends
+
+        retried, refused = 0, []
+        for record in queryset.only("id", "backend"):
+            try:
+                task_backends[record.backend].retry(record.id)
+                retried += 1
+            except Exception as error:  # refusals become messages; nothing else changes
+                refused.append(f"{record.id[:8]}: {error}")
+        if retried:
+            self.message_user(request, f"Retried {retried} task(s).", messages.SUCCESS)
+        for reason in refused:
+            self.message_user(request, reason, messages.ERROR)
+
+
+def register(site: admin.AdminSite) -> None:
+    if not site.is_registered(TaskRecord):
+        site.register(TaskRecord, TaskRecordAdmin)

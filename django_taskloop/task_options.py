@@ -1,0 +1,148 @@
+"""Options of a Django Task run by :class:`~django_taskloop.backends.TaskloopBackend`.
+
+Django's ``@task(**options)`` (Django 6.1's ``django.tasks``; the ``django-tasks`` backport
+0.12 on Django 5.2, the same mechanism) passes keyword arguments it does not know itself to the
+backend's ``task_class``. The backend's ``task_class`` is :class:`TaskloopTask`, which adds::
+
+    @task(max_attempts=5, backoff=10, ttl=3600, ttr=120, key=lambda user_id: f"user:{user_id}",
+          unique="key", enqueue_on_commit=True)
+    def sync_account(user_id): ...
+
+``task.using(...)`` takes them too, for one call: ``sync_account.using(ttl=60).enqueue(7)``.
+An option the backend does not know is the dataclass's ``TypeError``; a bad value is a
+``TypeError`` or ``ValueError`` naming the option, raised where the task is defined (or
+``using()`` is called), so that nothing bad is ever enqueued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .validation import check_seconds
+
+try:  # Django 6.0+
+    from django.tasks.base import Task
+except ImportError:  # Django 5.2 with the django-tasks backport
+    try:
+        from django_tasks.base import Task  # type: ignore[no-redef]
+    except ImportError:  # pragma: no cover - neither is installed
+        Task = None  # type: ignore[assignment,misc]
+
+__all__ = ["TaskloopTask", "OPTION_NAMES", "task_key", "check_options"]
+
+#: The options :class:`TaskloopTask` adds to Django's ``Task``.
+OPTION_NAMES = ("max_attempts", "backoff", "ttl", "ttr", "key", "unique", "enqueue_on_commit")
+
+
+def check_options(
+    max_attempts: Any = 1,
+    backoff: Any = None,
+    ttl: Any = None,
+    ttr: Any = None,
+    key: Any = None,
+    unique: Any = False,
+    enqueue_on_commit: Any = False,
+) -> None:
+    """Raise ``TypeError``/``ValueError`` naming the first bad option."""
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        raise TypeError(f"max_attempts must be an int, not {type(max_attempts).__name__}")
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts must be >= 1, not {max_attempts!r}")
+    if backoff is not None and not callable(backoff):
+        check_seconds(backoff, "backoff", non_negative=True)
+    check_seconds(ttl, "ttl", allow_none=True, positive=True)
+    check_seconds(ttr, "ttr", allow_none=True, positive=True)
+    if key is not None and not callable(key):
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str or a callable, not {type(key).__name__}")
+        if not key:
+            raise ValueError("key must not be empty")
+    if unique not in (False, True, "args", "key") or not isinstance(unique, (bool, str)):
+        raise ValueError(f"unique must be False, True, 'args' or 'key', not {unique!r}")
+    if unique == "key" and key is None:
+        raise ValueError("unique='key' needs a key: give the task a key (a str or a callable)")
+    if not isinstance(enqueue_on_commit, bool):
+        raise TypeError(f"enqueue_on_commit must be a bool, not {type(enqueue_on_commit).__name__}")
+    if unique and enqueue_on_commit:
+        # enqueue() returns before the commit: it could not return the waiting twin's result.
+        raise ValueError("unique and enqueue_on_commit cannot be combined: the twin is known only at commit")
+
+
+def task_key(task: Any, args: Any, kwargs: Any) -> str | None:
+    """Return the key of one call of ``task``: its ``key``, or what its callable key returns."""
+    key = getattr(task, "key", None)
+    if key is None:
+        return None
+    if callable(key):
+        key = key(*args, **kwargs)
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"key of {task.module_path} must return a non-empty str, not {key!r}")
+    return key
+
+
+if Task is not None:
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class TaskloopTask(Task):  # type: ignore[valid-type,misc]
+        """A Django ``Task`` with django-taskloop's options (see the module's docstring)."""
+
+        #: Runs in all before the task ends FAILED (1: no retry). Any exception counts.
+        max_attempts: int = 1
+        #: Seconds before a retry: a number, or ``callable(attempt) -> seconds`` (attempt is
+        #: 1-based, the attempt that failed); ``None``: the worker's exponential backoff
+        #: (``TASKLOOP["RETRY_BACKOFF"]`` doubling up to ``RETRY_BACKOFF_MAX``).
+        backoff: Any = None
+        #: Seconds from enqueue (or from ``run_after``) within which the task must start; later
+        #: it ends FAILED with :class:`~django_taskloop.exceptions.TaskExpired`, never runs.
+        ttl: float | None = None
+        #: Lease of a running attempt: a worker that stops heart-beating for ``ttr`` seconds
+        #: loses the task, and another worker runs it again (a new attempt).
+        ttr: float | None = None
+        #: Tasks with the same key run one at a time, in enqueue order. A ``str``, or a
+        #: callable given the call's arguments that returns one.
+        key: Any = None
+        #: While an equal task waits (READY, not started), enqueue returns its result instead
+        #: of adding another: ``"args"`` (same task, same arguments), ``"key"`` (same task,
+        #: same key) or ``True`` (``"key"`` if the task has a key, else ``"args"``).
+        unique: Any = False
+        #: Enqueue when the surrounding transaction commits; nothing if it rolls back.
+        enqueue_on_commit: bool = False
+
+        def __post_init__(self) -> None:
+            check_options(**self.options)
+            # (Named, not super(): slots=True makes a new class that zero-argument super() misses.)
+            Task.__post_init__(self)
+
+        @property
+        def options(self) -> dict[str, Any]:
+            """This task's django-taskloop options, by name."""
+            return {name: getattr(self, name) for name in OPTION_NAMES}
+
+        @property
+        def unique_on(self) -> str | None:
+            """What ``unique`` compares: ``"args"``, ``"key"`` or ``None`` (not unique)."""
+            if self.unique is True:
+                return "key" if self.key is not None else "args"
+            return self.unique or None
+
+        def using(self, **changes: Any) -> Any:  # type: ignore[override]
+            """Return a copy with other defaults: Django's ``priority``, ``queue_name``,
+            ``run_after``, ``backend``, and this backend's options."""
+            ours = {name: changes.pop(name) for name in OPTION_NAMES if name in changes}
+            task = Task.using(self, **changes)
+            return replace(task, **ours) if ours else task
+
+        def retry_delay(self, attempt: int) -> float:
+            """Return the seconds to wait after failed attempt ``attempt`` (1-based)."""
+            if self.backoff is None:
+                from .workers.drivers import backoff
+
+                return backoff(attempt)
+            if callable(self.backoff):
+                delay = self.backoff(attempt)
+                return check_seconds(delay, "backoff(attempt)", non_negative=True) or 0.0
+            return float(self.backoff)
+
+else:  # pragma: no cover
+    TaskloopTask = None  # type: ignore[assignment,misc]
