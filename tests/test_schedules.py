@@ -372,6 +372,9 @@ def test_every_tick_runs_once_across_processes_and_hosts():
             wait_until(
                 lambda n=round_ - 1: TaskRecord.objects.filter(status="SUCCESSFUL").count() >= n, timeout=30
             )
+        # The two-second schedule ticks at least twice while the hosts run (a fast server can
+        # finish the rounds above within one of its ticks).
+        wait_until(lambda: Schedule.objects.filter(name="t-every-2s", runs__gte=2).exists(), timeout=30)
         time.sleep(1.5)  # three more reads by every process: any second run would show now
     finally:
         outputs = [stop(host) for host in hosts]
