@@ -109,3 +109,20 @@ def test_a_viewer_cannot_retry(client, finished):
     client.post(reverse(LIST), {"action": "retry_tasks", "_selected_action": [failed.id]})
     failed.refresh()
     assert failed.status == TaskResultStatus.FAILED
+
+
+def test_a_failed_result_s_page_has_a_retry_button_and_no_save(boss, finished):
+    ok, failed, waiting = finished
+    change = "admin:django_taskloop_taskrecord_change"
+    failed_page = boss.get(reverse(change, args=[failed.id])).content.decode()
+    ok_page = boss.get(reverse(change, args=[ok.id])).content.decode()
+    retry_url = reverse("admin:django_taskloop_taskrecord_retry", args=[failed.id])
+    assert retry_url in failed_page and "Retry: a new attempt of this result" in failed_page
+    assert "Retry:" not in ok_page  # only a FAILED result can be retried
+    for page in (failed_page, ok_page):
+        assert 'name="_save"' not in page and 'name="_continue"' not in page  # nothing to edit
+    response = boss.post(retry_url, follow=True)
+    assert response.status_code == 200
+    failed.refresh()
+    assert failed.status == TaskResultStatus.READY and len(failed.errors) == 3
+    assert TaskRecord.objects.count() == 3

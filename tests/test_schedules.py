@@ -430,6 +430,8 @@ def test_admin_lists_schedules_and_runs_pauses_and_resumes_them(boss):
     page = boss.get(url).content.decode()
     assert "adder" in page and "other" in page and "*/5 * * * *" in page
     assert "Run now" in page and "Pause" in page and "Resume" in page
+    # "active", not "running": nothing runs between ticks.
+    assert ">active<" in page and ">running<" not in page
     adder = row("adder")
 
     def act(action: str) -> str:
@@ -448,6 +450,7 @@ def test_admin_lists_schedules_and_runs_pauses_and_resumes_them(boss):
     assert row("other").next_run_at.minute % 5 == 0  # untouched
     detail = boss.get(reverse("admin:django_taskloop_schedule_change", args=[adder.pk])).content.decode()
     assert ADD in detail
+    assert 'name="_save"' not in detail  # declared in code and settings: nothing to edit
 
 
 @pytest.mark.django_db

@@ -86,15 +86,8 @@ class TaskPathFilter(admin.SimpleListFilter):
 class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     """Results of Django Tasks, newest first, with every attempt and a retry action."""
 
-    list_display = (
-        "short_id",
-        "task_name",
-        "queue_name",
-        "status_badge",
-        "attempt_count",
-        "enqueued_at",
-        "kept_until",
-    )
+    # "kept until" is on each result's page; the list says the retention at its top.
+    list_display = ("short_id", "task_name", "queue_name", "status_badge", "attempt_count", "enqueued_at")
     list_filter = ("status", QueueFilter, TaskPathFilter)
     search_fields = ("=id",)
     search_help_text = _("A result id.")
@@ -133,6 +126,28 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         }
         return super().changelist_view(request, extra_context)
 
+    def get_retry(self, obj: TaskRecord) -> Any:
+        """A FAILED result's page offers the retry the list's action does."""
+        if obj.status != TaskRecordStatus.FAILED:
+            return None
+        from ..backends import task_backends
+
+        return (
+            str(_("Retry: a new attempt of this result")),
+            lambda: task_backends[obj.backend].retry(obj.id),
+        )
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: Any = None,
+    ) -> Any:
+        # Nothing on the page is editable: no Save buttons.
+        extra_context = {**(extra_context or {}), "show_save": False, "show_save_and_continue": False}
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
     @admin.display(description=_("id"))
     def short_id(self, obj: TaskRecord) -> str:
         return obj.id[:8]
@@ -147,7 +162,8 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("attempts"))
     def attempt_count(self, obj: TaskRecord) -> int:
-        return len(obj.worker_ids or [])
+        # As the result's page counts them: a worker started each, a failed one left an error.
+        return max(len(obj.worker_ids or []), len(obj.errors or []))
 
     @admin.display(description=_("kept until"))
     def kept_until(self, obj: TaskRecord) -> str:

@@ -44,6 +44,17 @@ class ScheduleAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # schedules are declared in code and settings
 
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: Any = None,
+    ) -> Any:
+        # Schedules are declared in code and settings: nothing on the page is editable.
+        extra_context = {**(extra_context or {}), "show_save": False, "show_save_and_continue": False}
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
     @admin.display(description=_("cron"))
     def cron_cell(self, obj: Schedule) -> str:
         zone = "" if obj.time_zone == "UTC" else f" {obj.time_zone}"
@@ -61,9 +72,7 @@ class ScheduleAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("state"))
     def state(self, obj: Schedule) -> str:
-        return (
-            state_badge(str(_("paused")), "idle") if obj.paused else state_badge(str(_("running")), "ready")
-        )
+        return state_badge(str(_("paused")), "idle") if obj.paused else state_badge(str(_("active")), "ready")
 
     @admin.display(description=_("last error"))
     def error_preview(self, obj: Schedule) -> str:
