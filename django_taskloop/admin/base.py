@@ -124,6 +124,10 @@ class TaskloopAdminMixin:
         """Return a note for the top of the list when what it shows is paused, else ``None``."""
         return None
 
+    #: Nothing on an item's page is editable (its rows are written by verbs, not forms): the
+    #: page shows no Save buttons.
+    read_only_page = False
+
     def get_retry(self, obj: Any) -> tuple[str, Callable[[], Any]] | None:
         """Return ``(button label, verb)`` to retry ``obj`` from its page, or ``None``."""
         return None
@@ -163,6 +167,8 @@ class TaskloopAdminMixin:
         extra_context: Any = None,
     ) -> Any:
         extra_context = dict(extra_context or {})
+        if self.read_only_page:
+            extra_context.update(show_save=False, show_save_and_continue=False)
         if object_id is not None:
             obj = self.get_object(request, object_id)  # type: ignore[attr-defined]
             retry = self.get_retry(obj) if obj is not None else None

@@ -93,6 +93,7 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     search_help_text = _("A result id.")
     ordering = ("-enqueued_at",)
     sortable_by = ("enqueued_at",)
+    read_only_page = True
     actions = ["retry_tasks"]
     readonly_fields = (
         "id",
@@ -136,17 +137,6 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             str(_("Retry: a new attempt of this result")),
             lambda: task_backends[obj.backend].retry(obj.id),
         )
-
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: Any = None,
-    ) -> Any:
-        # Nothing on the page is editable: no Save buttons.
-        extra_context = {**(extra_context or {}), "show_save": False, "show_save_and_continue": False}
-        return super().changeform_view(request, object_id, form_url, extra_context)
 
     @admin.display(description=_("id"))
     def short_id(self, obj: TaskRecord) -> str:

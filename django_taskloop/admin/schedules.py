@@ -39,21 +39,11 @@ class ScheduleAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         "last_error",
     )
     fields = readonly_fields
+    read_only_page = True
     actions = ["run_now", "pause_schedules", "resume_schedules"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # schedules are declared in code and settings
-
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: Any = None,
-    ) -> Any:
-        # Schedules are declared in code and settings: nothing on the page is editable.
-        extra_context = {**(extra_context or {}), "show_save": False, "show_save_and_continue": False}
-        return super().changeform_view(request, object_id, form_url, extra_context)
 
     @admin.display(description=_("cron"))
     def cron_cell(self, obj: Schedule) -> str:
