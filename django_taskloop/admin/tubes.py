@@ -356,7 +356,9 @@ def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
         stats = {"tasks": tasks, "calls": calls_from(sums, tasks["total"])}
     taken = Task.objects.using(using).filter(tube=tube, state=TAKEN)
     # The (tube, state, event_at) index: the taken task whose ttr runs out first.
-    first_deadline = taken.order_by("event_at").values_list("event_at", flat=True).first()
+    first_deadline = (
+        taken.filter(event_at__isnull=False).order_by("event_at").values_list("event_at", flat=True).first()
+    )
     return {"statistics": stats, "exact": counted, "first_ttr": first_deadline, "now": engine.db_now(using)}
 
 

@@ -14,20 +14,33 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db import DatabaseError, connections, transaction
-from django.db.models import AutoField, Model, Q, QuerySet
+from django.db.models import AutoField, Model, Q, QuerySet, signals
+from django.db.models.base import ModelState
 from django.db.models.sql import InsertQuery, Query, UpdateQuery
 
 from ..conf import setting
 from ..exceptions import DatabaseBusy
-from .vendor import DbNow, data_files, db_now, features, is_retryable, notifying, take_write_lock, to_datetime
+from .vendor import (
+    DbNow,
+    PartialIndex,
+    data_files,
+    db_now,
+    features,
+    is_retryable,
+    notifying,
+    take_write_lock,
+    to_datetime,
+)
 
 __all__ = [
     "DbNow",
+    "PartialIndex",
     "db_now",
     "data_files",
     "to_datetime",
@@ -37,6 +50,8 @@ __all__ = [
     "insert",
     "insert_together",
     "claim",
+    "delete_pks",
+    "add_to",
     "batched",
     "discard_if_broken",
 ]
@@ -326,12 +341,13 @@ def claim(
     queryset: QuerySet[Any],
     *,
     limit: int,
-    claimable: Q,
+    claimable: Q | Callable[[], Q],
     order_by: Sequence[Any],
-    changes: dict[str, Any],
+    changes: dict[str, Any] | Callable[[], dict[str, Any]],
     fetch: bool = False,
     overfetch: int = 2,
     direct: bool = False,
+    key: Hashable | None = None,
 ) -> list[Any]:
     """Claim up to ``limit`` rows of ``queryset`` that match ``claimable``, best first.
 
@@ -344,6 +360,14 @@ def claim(
     skipping what rivals hold. For small claims under contention (one row at a time), where
     every claimer's candidates would be the same head of the queue and all but one claimer
     would lose them and scan anyway.
+
+    ``key`` (with ``direct`` and ``fetch``): a name for everything the statement depends on
+    besides ``limit`` and the database (the queryset, ``claimable``, ``order_by``,
+    ``changes``). Where the database updates with ``RETURNING`` (PostgreSQL, SQLite) the claim
+    is then one statement, ``UPDATE … WHERE pk IN (SELECT pk … ORDER BY … LIMIT n FOR UPDATE
+    SKIP LOCKED) RETURNING …``, compiled the first time and kept under ``key``: a worker's
+    batches pay neither the ORM's query building nor a second round trip. ``claimable`` and
+    ``changes`` may then be given as functions that build them, called only when needed.
     """
     if limit <= 0:
         return []
@@ -352,6 +376,18 @@ def claim(
     limit = min(limit, MAX_LIMIT)
     model = queryset.model
     using = queryset.db
+    if key is not None and direct and fetch and features(using).update_returning:
+        statement = _keep(
+            ("claim", key, using, limit),
+            lambda: _ClaimStatement.build(queryset, limit, claimable, order_by, changes),
+        )
+        if statement is not None:
+            # One statement that writes: SQLite's write lock needs no taking first.
+            return run_in_transaction(
+                model, using, lambda: statement.run(using), savepoint=False, lock_first=False
+            )
+    claimable = claimable() if callable(claimable) else claimable
+    changes = changes() if callable(changes) else changes
     base = queryset.filter(claimable).order_by(*order_by)
     rows = model._base_manager.db_manager(using)
 
@@ -464,6 +500,224 @@ def update_returning(queryset: QuerySet[Any], changes: dict[str, Any]) -> list[A
         rows = compiler.apply_converters(rows, converters)
     names = [field.attname for field in fields]
     return [model.from_db(using, names, row) for row in rows]
+
+
+# -- statements compiled once ----------------------------------------------------------------
+#
+# A worker sends the same few statements batch after batch; building them through the ORM
+# costs more client CPU than the database spends running them. These are compiled once per
+# shape and kept (a bounded number per process, forgotten all at once when full).
+
+#: How many compiled statements a process keeps.
+KEPT_STATEMENTS = 256
+_kept: dict[Hashable, Any] = {}
+
+
+def _keep(key: Hashable, build: Callable[[], T]) -> T:
+    """The statement kept under ``key``; ``build()`` makes it the first time (``None``: this
+    shape has no kept statement, and the caller takes the ORM's way)."""
+    try:
+        return _kept[key]
+    except KeyError:
+        pass
+    value = build()
+    if len(_kept) >= KEPT_STATEMENTS:
+        _kept.clear()
+    _kept[key] = value
+    return value
+
+
+class _Instances:
+    """Rows holding every concrete column of a model, turned into instances as
+    ``Model.from_db`` would (converters applied)."""
+
+    def __init__(self, model: type[Model], compiler: Any) -> None:
+        self.model = model
+        fields = model._meta.concrete_fields
+        self.names = [field.attname for field in fields]
+        table = model._meta.db_table
+        self.converters = list(compiler.get_converters([field.get_col(table) for field in fields]).items())
+
+    def make(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
+        connection = connections[using]
+        if self.converters:
+            converted = []
+            for row in rows:
+                row = list(row)
+                for index, (converters, col) in self.converters:
+                    value = row[index]
+                    for converter in converters:
+                        value = converter(value, col, connection)
+                    row[index] = value
+                converted.append(row)
+            rows = converted
+        model, names = self.model, self.names
+        if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
+            return [model.from_db(using, names, row) for row in rows]
+        # What from_db does, without __init__'s per-field setattr (a third of a claimed row's
+        # cost): nobody listens for the init signals that would tell the difference.
+        objs = []
+        new = model.__new__
+        for row in rows:
+            obj = new(model)
+            obj.__dict__.update(zip(names, row, strict=True))
+            state = obj._state = ModelState()
+            state.adding = False
+            state.db = using
+            objs.append(obj)
+        return objs
+
+
+class _ClaimStatement:
+    """``UPDATE … WHERE pk IN (SELECT pk … ORDER BY … LIMIT n FOR UPDATE SKIP LOCKED)
+    RETURNING *``: a claim in one statement (databases with ``UPDATE … RETURNING``)."""
+
+    def __init__(self, sql: str, params: Sequence[Any], instances: _Instances, order: list[tuple[str, bool]]):
+        self.sql = sql
+        self.params = tuple(params)
+        self.instances = instances
+        self.order = order
+
+    @classmethod
+    def build(
+        cls,
+        queryset: QuerySet[Any],
+        limit: int,
+        claimable: Q | Callable[[], Q],
+        order_by: Sequence[Any],
+        changes: dict[str, Any] | Callable[[], dict[str, Any]],
+    ) -> _ClaimStatement | None:
+        """The statement, or ``None`` where the claim needs more than one (a filter that reads
+        other tables is read again after the lock; an order on a nullable or computed value
+        cannot be restored in Python)."""
+        model = queryset.model
+        using = queryset.db
+        opts = model._meta
+        claimable = claimable() if callable(claimable) else claimable
+        changes = changes() if callable(changes) else changes
+        base = queryset.filter(claimable).order_by(*order_by)
+        if _reads_other_tables(base) or queryset.query.is_sliced or queryset.query.distinct:
+            return None
+        order = []
+        for name in order_by:
+            if not isinstance(name, str):
+                return None
+            field = opts.pk if name.lstrip("-") == "pk" else opts.get_field(name.lstrip("-"))
+            if field.null or not field.concrete:
+                return None
+            order.append((field.attname, name.startswith("-")))
+        if features(using).skip_locked:
+            base = base.select_for_update(skip_locked=True)
+        rows = model._base_manager.db_manager(using).filter(pk__in=base.values("pk")[:limit])
+        query = rows.query.chain(UpdateQuery)
+        query.add_update_values(changes)
+        compiler = query.get_compiler(using)
+        sql, params = compiler.as_sql()
+        qn = connections[using].ops.quote_name
+        table = opts.db_table
+        sql += " RETURNING " + ", ".join(f"{qn(table)}.{qn(field.column)}" for field in opts.concrete_fields)
+        return cls(sql, params, _Instances(model, compiler), order)
+
+    def run(self, using: str) -> list[Model]:
+        with connections[using].cursor() as cursor:
+            cursor.execute(self.sql, self.params)
+            rows = cursor.fetchall()
+        objs = self.instances.make(using, rows)
+        # RETURNING gives the rows in no particular order: put them in the claim's.
+        for name, descending in reversed(self.order):
+            objs.sort(key=lambda obj, name=name: getattr(obj, name), reverse=descending)
+        return objs
+
+
+class _Where:
+    """A single-table queryset's ``WHERE``, compiled once: ``DELETE`` by primary keys."""
+
+    EMPTY = "empty"
+
+    def __init__(self, queryset: QuerySet[Any]) -> None:
+        model = queryset.model
+        using = queryset.db
+        connection = connections[using]
+        qn = connection.ops.quote_name
+        query = queryset.query
+        compiler = query.get_compiler(using)
+        table = qn(model._meta.db_table)
+        pk = model._meta.pk
+        self.plain_pk = pk.get_internal_type() in ("AutoField", "BigAutoField", "SmallAutoField")
+        self.pk_field = pk
+        try:
+            where, params = compiler.compile(query.where)
+        except EmptyResultSet:
+            self.delete = self.EMPTY
+            return
+        except FullResultSet:
+            where, params = "", []
+        self.params = tuple(params)
+        self.delete = f"DELETE FROM {table} WHERE " + (f"({where}) AND " if where else "")
+        self.delete += f"{table}.{qn(pk.column)} IN "
+
+    @classmethod
+    def build(cls, queryset: QuerySet[Any]) -> _Where | None:
+        query = queryset.query
+        joins = any(alias != query.base_table and query.alias_refcount[alias] for alias in query.alias_map)
+        if joins or query.is_sliced or query.distinct or query.combinator:
+            return None
+        return cls(queryset)
+
+
+def delete_pks(
+    queryset: QuerySet[Any],
+    pks: Sequence[Any],
+    *,
+    where: Q | Callable[[], Q] | None = None,
+    key: Hashable | None = None,
+) -> int:
+    """DELETE the rows of ``queryset`` (and ``where``) whose primary key is in ``pks`` (no
+    signals, no cascades in Python: ``_raw_delete``); return how many. ``key`` names the
+    filter (``where`` may then be a function that builds it), which is compiled once and kept:
+    the keys change from call to call, the filter not."""
+    if not pks:
+        return 0
+    using = queryset.db
+
+    def rows() -> QuerySet[Any]:
+        condition = where() if callable(where) else where
+        return queryset if condition is None else queryset.filter(condition)
+
+    kept = _keep(("delete", key, using), lambda: _Where.build(rows())) if key is not None else None
+    if kept is None:
+        filtered = rows()
+        return sum(filtered.filter(pk__in=chunk)._raw_delete(using) for chunk in batched(pks, using))
+    where = kept
+    if where.delete == _Where.EMPTY:
+        return 0
+    connection = connections[using]
+    total = 0
+    for chunk in batched(pks, using, per_row=1):
+        if not where.plain_pk:
+            chunk = [where.pk_field.get_db_prep_value(pk, connection) for pk in chunk]
+        with connection.cursor() as cursor:
+            cursor.execute(f"{where.delete}({', '.join(['%s'] * len(chunk))})", [*where.params, *chunk])
+            total += cursor.rowcount
+    return total
+
+
+def add_to(model: type[Model], using: str, match: dict[str, Any], deltas: dict[str, int]) -> int:
+    """Add ``deltas`` (field name: number) to the rows of ``model`` whose fields equal
+    ``match`` (plain values); return how many rows. One ``UPDATE``, its SQL kept per shape."""
+
+    def build() -> str:
+        qn = connections[using].ops.quote_name
+        opts = model._meta
+        columns = [qn(opts.get_field(name).column) for name in deltas]
+        sets = ", ".join(f"{column} = {column} + %s" for column in columns)
+        where = " AND ".join(f"{qn(opts.get_field(name).column)} = %s" for name in match)
+        return f"UPDATE {qn(opts.db_table)} SET {sets} WHERE {where}"
+
+    sql = _keep(("add", model, using, tuple(match), tuple(deltas)), build)
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, [*deltas.values(), *match.values()])
+        return cursor.rowcount
 
 
 def batched(values: Sequence[T], using: str, per_row: int = 1) -> Iterator[Sequence[T]]:

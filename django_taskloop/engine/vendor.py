@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections
-from django.db.models import DateTimeField, Expression
+from django.db.models import DateTimeField, Expression, Index, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -188,3 +188,38 @@ def take_write_lock(connection: Any, table: str) -> None:
         qn = connection.ops.quote_name
         with connection.cursor() as cursor:
             cursor.execute(f"UPDATE {qn(table)} SET rowid = rowid WHERE 0")
+
+
+class PartialIndex(Index):
+    """An index of the rows matching ``where``, where the database has partial indexes
+    (PostgreSQL, SQLite), and of every row elsewhere (MySQL/MariaDB).
+
+    Rows outside it cost nothing to insert, update or delete: on PostgreSQL an update that
+    changes an indexed column (a take changes ``state``) adds an entry to every index the row
+    belongs to. Unlike ``Index(condition=...)``, MySQL gets the plain index without a system
+    check warning (models.W037). Queries it serves must imply ``where`` (``x = …``, ``x <= …``
+    imply ``x IS NOT NULL``).
+    """
+
+    def __init__(self, *args: Any, where: Q, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.where = where
+
+    def deconstruct(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+        path, args, kwargs = super().deconstruct()
+        kwargs["where"] = self.where
+        return path, args, kwargs
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other) and getattr(other, "where", None) == self.where
+
+    __hash__ = Index.__hash__
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        if not schema_editor.connection.features.supports_partial_indexes:
+            return super().create_sql(model, schema_editor, using=using, **kwargs)
+        self.condition = self.where
+        try:
+            return super().create_sql(model, schema_editor, using=using, **kwargs)
+        finally:
+            self.condition = None

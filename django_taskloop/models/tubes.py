@@ -421,18 +421,19 @@ class Tube(models.Model):
         if not self._exists():
             raise self._gone()
 
-    def _run(self, work: Callable[[], Any]) -> Any:
+    def _run(self, work: Callable[[], Any], lock_first: bool = True) -> Any:
         """Run ``work`` in a write transaction, retrying deadlocks when outermost.
 
         ``engine.claim`` nested inside turns a deadlock into :class:`DatabaseBusy`; retry those
         here too, where the whole transaction (claim and counters) can be replayed.
+        ``lock_first=False``: ``work``'s first statement writes (see ``engine.write_transaction``).
         """
         using = self._using
         outermost = not connections[using].in_atomic_block
         attempt = 0
         while True:
             try:
-                return engine.run_in_transaction(Task, using, work)
+                return engine.run_in_transaction(Task, using, work, lock_first=lock_first)
             except DatabaseBusy as error:
                 if (
                     not outermost
@@ -448,16 +449,15 @@ class Tube(models.Model):
         deltas = {_COLUMN.get(k, k): n for k, n in deltas.items() if n}
         if not deltas:
             return
-        stats = TubeStat.objects.using(self._using).filter(tube_id=self.pk, slot=_slot())
-        changes = {column: F(column) + n for column, n in deltas.items()}
-        if stats.update(**changes):
+        slot = {"tube_id": self.pk, "slot": _slot()}
+        if engine.add_to(TubeStat, self._using, slot, deltas):
             return
         # No slot rows: the tube was dropped, or made without create_tube (admin, fixtures).
         self._ensure_exists()
         TubeStat.objects.using(self._using).bulk_create(
             [TubeStat(tube_id=self.pk, slot=s) for s in range(SLOTS)], ignore_conflicts=True
         )
-        stats.update(**changes)
+        engine.add_to(TubeStat, self._using, slot, deltas)
 
     def _emit(self, task: Task, event: str) -> None:
         callback = _callbacks.get((self._using, self.pk))
@@ -852,13 +852,15 @@ class Tube(models.Model):
             return self.ack_many(ack, consumer), []
         if not checked:
             self._tidy_for_take(due_every)
-        # attempts counts takes, so that a worker can bury a task that keeps failing.
-        changes: dict[str, Any] = {"state": TAKEN, "owner": consumer, "attempts": F("attempts") + 1}
-        if self._has_ttl:
-            changes["event_at"] = _taken_deadline()
-        if self._is_utube:
-            changes["taken_key"] = _taken_key()
-        claimable = self._claimable()
+
+        def changes() -> dict[str, Any]:
+            # attempts counts takes, so that a worker can bury a task that keeps failing.
+            changes: dict[str, Any] = {"state": TAKEN, "owner": consumer, "attempts": F("attempts") + 1}
+            if self._has_ttl:
+                changes["event_at"] = _taken_deadline()
+            if self._is_utube:
+                changes["taken_key"] = _taken_key()
+            return changes
 
         def work() -> tuple[int, list[Task]]:
             acked = self._ack_rows(ack, consumer) if ack else 0
@@ -868,20 +870,24 @@ class Tube(models.Model):
             tasks = engine.claim(
                 self._tasks(),
                 limit=limit,
-                claimable=claimable,
+                claimable=self._claimable,
                 order_by=self._order(),
                 changes=changes,
                 fetch=True,
                 direct=limit > 1,
+                # Everything the claim's statement depends on (the type decides the rest).
+                key=("tube-take", self.pk, self.type, consumer),
             )
             self._count(take=len(tasks), ack=acked, done=acked)
             for task in tasks:
                 self._emit(task, "take")
             return acked, tasks
 
+        # An acknowledgement that deletes at once writes first: no write lock to take before it.
+        writes_first = bool(ack) and (self._using, self.pk) not in _callbacks
         for attempt in range(5):
             try:
-                acked, tasks = self._run(work)
+                acked, tasks = self._run(work, lock_first=not writes_first)
             except IntegrityError:
                 # utube: a rival took another task of the same sub-queue first (the unique
                 # taken_key refused ours), or a stale holder still blocks it. Look again.
@@ -943,20 +949,22 @@ class Tube(models.Model):
 
     def _ack_rows(self, ids: list[int], consumer: str) -> int:
         """Delete the tasks of ``ids`` that ``consumer`` holds (in the current transaction)."""
+        if (self._using, self.pk) not in _callbacks:
+            # The hot path of a worker's batches: one DELETE whose filter is compiled once.
+            return engine.delete_pks(
+                self._tasks(),
+                ids,
+                where=lambda: self._held(consumer),
+                key=("tube-held", self.pk, self.type, consumer),
+            )
         held = self._held(consumer)
-        watched = (self._using, self.pk) in _callbacks
         total = 0
         for chunk in engine.batched(ids, self._using):
-            rows = self._tasks().filter(held, pk__in=chunk)
-            if watched:
-                tasks = list(rows.select_for_update())
-                n = self._tasks().filter(pk__in=[t.pk for t in tasks])._raw_delete(self._using)
-                for task in tasks:
-                    task.state, task.owner, task.taken_key = DONE, None, None
-                    self._emit(task, "delete")
-            else:
-                n = rows._raw_delete(self._using)
-            total += n
+            tasks = list(self._tasks().filter(held, pk__in=chunk).select_for_update())
+            total += self._tasks().filter(pk__in=[t.pk for t in tasks])._raw_delete(self._using)
+            for task in tasks:
+                task.state, task.owner, task.taken_key = DONE, None, None
+                self._emit(task, "delete")
         return total
 
     def release(self, task_id: int, delay: float | None = None, consumer: str | None = None) -> Task:
@@ -1257,12 +1265,21 @@ class Task(models.Model):
             # The claim order of every driver: (pri, id) for fifottl/utubettl, and id for
             # fifo/utube whose tasks all have pri 0; also kick's order.
             models.Index(fields=["tube", "state", "pri", "id"], name="taskloop_task_claim"),
-            # Due timers: delayed and taken tasks by event_at.
-            models.Index(fields=["tube", "state", "event_at"], name="taskloop_task_event"),
-            models.Index(fields=["tube", "ttl_at"], name="taskloop_task_ttl"),
-            # A utube task's siblings, for "is it the head of its sub-queue?". Only inserts and
-            # deletes touch it (no state in it), so fifo tubes pay little for it.
-            models.Index(fields=["tube", "utube", "id"], name="taskloop_task_utube"),
+            # Due timers: delayed and taken tasks by event_at. Partial (PostgreSQL, SQLite), as
+            # the next two: a task without a timer, a ttl or a sub-queue is not in them, and
+            # its put, take and ack write no entry there.
+            engine.PartialIndex(
+                fields=["tube", "state", "event_at"],
+                name="taskloop_task_event",
+                where=Q(event_at__isnull=False),
+            ),
+            engine.PartialIndex(
+                fields=["tube", "ttl_at"], name="taskloop_task_ttl", where=Q(ttl_at__isnull=False)
+            ),
+            # A utube task's siblings, for "is it the head of its sub-queue?".
+            engine.PartialIndex(
+                fields=["tube", "utube", "id"], name="taskloop_task_utube", where=Q(utube__isnull=False)
+            ),
             # The admin's date-range filter on created: without it a range that matches few
             # rows scans the whole table (1.5 s at a million tasks on MariaDB).
             models.Index(fields=["created"], name="taskloop_task_created"),

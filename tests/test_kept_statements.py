@@ -1,0 +1,182 @@
+"""A worker's batch sends statements compiled once and kept (engine.claim(key=...),
+engine.delete_pks, engine.add_to): they must do exactly what the ORM's statements did.
+
+The claim is one ``UPDATE … WHERE pk IN (SELECT … LIMIT n FOR UPDATE SKIP LOCKED) RETURNING``
+on PostgreSQL and SQLite; MariaDB (no ``UPDATE … RETURNING``) keeps the locking read.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.core import checks
+from django.db import connection, connections
+from django.db.models import Q, signals
+from django.test.utils import CaptureQueriesContext
+
+from django_taskloop import engine
+from django_taskloop.models import Task, Tube, TubeStat
+
+from .conftest import race
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _sql(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries]
+
+
+def test_a_worker_batch_acks_claims_and_counts_in_three_statements(vendor):
+    tube = Tube.objects.create_tube("batch", "fifottl", ttr=60)
+    tube.put_many(list(range(30)))
+    first = tube.take_many(10, consumer="w")
+    tube.ack_and_take([t.pk for t in first], 10, consumer="w")  # warm: statements kept
+    held = [t.pk for t in Task.objects.filter(state="t")]
+    time.sleep(0.3)  # past the worker's due-timer probe interval: no probe in the capture
+    with CaptureQueriesContext(connection) as queries:
+        acked, taken = tube.ack_and_take(held, 10, consumer="w")
+    # (Django 5.2 captures BEGIN and COMMIT, 6.x not: the transaction is counted apart.)
+    sent = [s for s in _sql(queries) if not s.startswith("SELECT 1 AS")]
+    assert acked == 10 and len(taken) == 10
+    assert sent.count("BEGIN") <= 1 and sent.count("COMMIT") <= 1
+    statements = [s for s in sent if s not in ("BEGIN", "COMMIT")]
+    kinds = [s.split()[0].upper() for s in statements]
+    if vendor == "mysql":
+        # No UPDATE … RETURNING: lock, update, read back, as before.
+        assert kinds[0] == "DELETE" and "UPDATE" in kinds
+        return
+    assert kinds == ["DELETE", "UPDATE", "UPDATE"], statements
+    claim = statements[1]
+    assert "RETURNING" in claim and " IN (SELECT " in claim and "LIMIT 10" in claim
+    assert ("SKIP LOCKED" in claim) is (vendor == "postgresql")
+
+
+def test_the_kept_claim_returns_the_rows_as_stored_in_claim_order():
+    tube = Tube.objects.create_tube("order", "fifottl", ttl=600, ttr=30)
+    for n, pri in enumerate([5, 1, 3, 1, 0, 5, 2]):
+        tube.put({"n": n, "nested": [n, None]}, pri=pri)
+    for _ in range(2):  # the first claim compiles the statement, the second uses it kept
+        taken = tube.take_many(3, consumer="w")
+        assert [(t.pri, t.pk) for t in taken] == sorted((t.pri, t.pk) for t in taken)
+        for task in taken:
+            stored = Task.objects.get(pk=task.pk)
+            for field in Task._meta.concrete_fields:
+                assert getattr(task, field.attname) == getattr(stored, field.attname), field.name
+            assert task._state.adding is False and task._state.db == "default"
+            assert task.tube == tube and task.owner == "w" and task.attempts == 1
+            assert task.event_at is not None and task.event_at.tzinfo is not None
+    pris = [t.pri for t in Task.objects.filter(state="t").order_by("pri", "id")]
+    assert pris == [0, 1, 1, 2, 3, 5]
+
+
+def test_kept_statements_are_per_consumer_and_limit():
+    tube = Tube.objects.create_tube("who", "fifo")
+    tube.put_many(list(range(20)))
+    a = tube.take_many(3, consumer="a")
+    b = tube.take_many(3, consumer="b")
+    a2 = tube.take_many(5, consumer="a")
+    assert (len(a), len(b), len(a2)) == (3, 3, 5)
+    owners = dict(Task.objects.filter(state="t").values_list("pk", "owner"))
+    assert {owners[t.pk] for t in a + a2} == {"a"} and {owners[t.pk] for t in b} == {"b"}
+    # A consumer's kept acknowledgement never removes another's tasks.
+    assert tube.ack_many([t.pk for t in b], consumer="a") == 0
+    assert tube.ack_many([t.pk for t in a], consumer="a") == 3
+    assert tube.ack_many([t.pk for t in b], consumer="b") == 3
+    assert Task.objects.count() == 20 - 6
+    assert tube.statistics()["calls"]["take"] == 11
+
+
+def test_a_kept_claim_honours_ttl_and_utube_like_the_orm_claim():
+    ttl = Tube.objects.create_tube("ttl", "fifottl")
+    ttl.put("old", ttl=0.05)
+    ttl.put("young", ttl=600)
+    time.sleep(0.2)
+    for _ in range(2):
+        assert [t.data for t in ttl.take_many(5, consumer="w")] in (["young"], [])
+    ut = Tube.objects.create_tube("ut", "utube")
+    ut.put_many(["a1", "a2"], utube="a")
+    ut.put_many(["b1"], utube="b")
+    assert sorted(t.data for t in ut.take_many(5, consumer="w")) == ["a1", "b1"]
+
+
+def test_init_signal_listeners_still_hear_claimed_instances():
+    tube = Tube.objects.create_tube("heard", "fifo")
+    tube.put_many([1, 2])
+    heard = []
+
+    def listener(sender, instance, **kwargs):
+        heard.append(instance.pk)
+
+    signals.post_init.connect(listener, sender=Task)
+    try:
+        taken = tube.take_many(2, consumer="w")
+    finally:
+        signals.post_init.disconnect(listener, sender=Task)
+    assert sorted(heard) == sorted(t.pk for t in taken)
+
+
+def test_delete_pks_deletes_only_the_filtered_rows_and_keeps_filters_apart():
+    tube = Tube.objects.create_tube("del", "fifo")
+    tasks = tube.put_many(list(range(6)))
+    ids = [t.pk for t in tasks]
+    Task.objects.filter(pk__in=ids[:3]).update(state="t", owner="x")
+    rows = Task.objects.filter(tube_id=tube.pk)
+    assert engine.delete_pks(rows, ids, where=lambda: Q(owner="y"), key=("t", "y")) == 0
+    assert engine.delete_pks(rows, ids, where=lambda: Q(owner="x"), key=("t", "x")) == 3
+    assert engine.delete_pks(rows, [], key=("t", "x")) == 0
+    assert engine.delete_pks(rows.filter(pk__in=[]), ids, key=("t", "none")) == 0
+    assert sorted(Task.objects.values_list("pk", flat=True)) == ids[3:]
+    assert engine.delete_pks(rows, ids[3:], key=("t", "all")) == 3
+    assert not Task.objects.exists()
+
+
+def test_add_to_adds_to_the_matching_rows_only():
+    tube = Tube.objects.create_tube("counts", "fifo")
+    assert engine.add_to(TubeStat, "default", {"tube_id": tube.pk, "slot": 3}, {"take": 5, "ack": 2}) == 1
+    assert engine.add_to(TubeStat, "default", {"tube_id": tube.pk, "slot": 3}, {"take": 1, "ack": 0}) == 1
+    assert engine.add_to(TubeStat, "default", {"tube_id": tube.pk + 1000, "slot": 3}, {"take": 1}) == 0
+    row = TubeStat.objects.get(tube=tube, slot=3)
+    assert (row.take, row.ack) == (6, 2)
+    assert sum(TubeStat.objects.filter(tube=tube).values_list("take", flat=True)) == 6
+
+
+def test_task_timer_indexes_are_partial_where_the_database_has_them(vendor):
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, Task._meta.db_table)
+    assert {"taskloop_task_event", "taskloop_task_ttl", "taskloop_task_utube"} <= set(constraints)
+    if vendor != "mysql":
+        with connection.cursor() as cursor:
+            if vendor == "postgresql":
+                cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'taskloop_task_ttl'")
+            else:
+                cursor.execute("SELECT sql FROM sqlite_master WHERE name = 'taskloop_task_ttl'")
+            (definition,) = cursor.fetchone()
+        assert "WHERE" in definition.upper() and "NOT NULL" in definition.upper()
+    # MySQL gets plain indexes, and no system check warns about conditions it would ignore.
+    assert not [m for m in checks.run_checks() if m.id == "models.W037"]
+
+
+def _drain(tube_pk: int, who: int) -> list[int]:
+    tube = Tube.objects.get(pk=tube_pk)
+    seen: list[int] = []
+    acked, taken = 0, tube.take_many(25, consumer=f"p{who}")
+    while taken:
+        seen.extend(t.data for t in taken)
+        held = [t.pk for t in taken]
+        acked, taken = tube.ack_and_take(held, 25, consumer=f"p{who}")
+        assert acked == len(held)
+    connections.close_all()
+    return seen
+
+
+def test_processes_racing_on_kept_claims_run_every_task_exactly_once(vendor):
+    tube = Tube.objects.create_tube("race", "fifottl", ttr=60)
+    Task.objects.bulk_create([Task(tube=tube, data=n, state="r") for n in range(3000)], batch_size=1000)
+    results = race(_drain, [(tube.pk, w) for w in range(6)])
+    done = [n for result in results for n in result]
+    assert sorted(done) == list(range(3000)), f"{len(done)} runs, {len(set(done))} distinct"
+    assert sum(1 for result in results if result) >= 2, "the processes did not share the work"
+    assert not Task.objects.exists()
+    calls = tube.statistics()["calls"]
+    assert calls["take"] == calls["ack"] == 3000
