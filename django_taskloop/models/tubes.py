@@ -862,6 +862,14 @@ class Tube(models.Model):
                 changes["taken_key"] = _taken_key()
             return changes
 
+        # A batch claim of a fifo tube is one kept statement (engine.claim(key=…)): its filter
+        # and changes are built once, when it is compiled. Other claims take the ORM's way:
+        # build those before the transaction, so that no lock waits on them (on SQLite the
+        # whole database does).
+        kept = limit > 1 and not self._is_utube
+        claimable = self._claimable if kept else self._claimable()
+        writes = changes if kept else changes()
+
         def work() -> tuple[int, list[Task]]:
             acked = self._ack_rows(ack, consumer) if ack else 0
             # utube: the claimable rows are the sub-queue heads, so one batch never holds two
@@ -870,9 +878,9 @@ class Tube(models.Model):
             tasks = engine.claim(
                 self._tasks(),
                 limit=limit,
-                claimable=self._claimable,
+                claimable=claimable,
                 order_by=self._order(),
-                changes=changes,
+                changes=writes,
                 fetch=True,
                 direct=limit > 1,
                 # Everything the claim's statement depends on (the type decides the rest).
