@@ -45,10 +45,19 @@ def test_a_worker_batch_acks_claims_and_counts_in_three_statements(vendor):
         # No UPDATE … RETURNING: lock, update, read back, as before.
         assert kinds[0] == "DELETE" and "UPDATE" in kinds
         return
-    assert kinds == ["DELETE", "UPDATE", "UPDATE"], statements
-    claim = statements[1]
+    if vendor == "postgresql":
+        # One statement, in autocommit: the DELETE, the claim and the counters as WITH parts.
+        assert "BEGIN" not in sent and kinds == ["WITH"], statements
+        (claim,) = statements
+        assert "DELETE FROM" in claim and 'UPDATE "taskloop_tube_stat"' in claim
+        assert "SKIP LOCKED" in claim
+    else:
+        assert kinds == ["DELETE", "UPDATE", "UPDATE"], statements
+        claim = statements[1]
     assert "RETURNING" in claim and " IN (SELECT " in claim and "LIMIT 10" in claim
-    assert ("SKIP LOCKED" in claim) is (vendor == "postgresql")
+    # What the batch did is counted.
+    calls = tube.statistics()["calls"]
+    assert (calls["take"], calls["ack"]) == (30, 20)
 
 
 def test_the_kept_claim_returns_the_rows_as_stored_in_claim_order():
@@ -179,3 +188,36 @@ def test_processes_racing_on_kept_claims_run_every_task_exactly_once(vendor):
     assert not Task.objects.exists()
     calls = tube.statistics()["calls"]
     assert calls["take"] == calls["ack"] == 3000
+
+
+def test_a_batch_counts_even_when_the_tube_has_no_counter_rows():
+    """A tube made without create_tube (admin, fixtures) has no counter slots: the batch makes
+    them and counts itself, whichever way it was sent."""
+    tube = Tube.objects.create(name="bare", type="fifo")
+    tube.put_many(list(range(20)))
+    assert not TubeStat.objects.filter(tube=tube).exists()
+    taken = tube.take_many(5, consumer="w")
+    acked, taken = tube.ack_and_take([t.pk for t in taken], 5, consumer="w")
+    TubeStat.objects.filter(tube=tube).delete()  # gone again, under a kept statement
+    acked2, _taken = tube.ack_and_take([t.pk for t in taken], 5, consumer="w")
+    assert (acked, acked2) == (5, 5)
+    stats = tube.statistics()
+    assert stats["calls"]["take"] == 5  # the counts before the rows were deleted are gone with them
+    assert stats["calls"]["ack"] == 5 and stats["tasks"]["done"] == 5
+    # put is derived (tasks left + done): the 5 done before the rows went are not in it.
+    assert stats["calls"]["put"] == 10 + 5
+
+
+def test_a_batch_acknowledges_only_its_own_live_tasks_and_claims_the_rest():
+    tube = Tube.objects.create_tube("mine", "fifottl", ttr=60)
+    tube.put_many(list(range(12)))
+    a = tube.take_many(4, consumer="a")
+    b = tube.take_many(4, consumer="b")
+    # a acknowledges its own tasks and b's: only its own go.
+    acked, taken = tube.ack_and_take([t.pk for t in a + b], 4, consumer="a")
+    assert acked == 4 and len(taken) == 4
+    assert set(Task.objects.filter(owner="b").values_list("pk", flat=True)) == {t.pk for t in b}
+    assert {t.owner for t in taken} == {"a"} and not {t.pk for t in taken} & {t.pk for t in a + b}
+    acked, taken = tube.ack_and_take([t.pk for t in taken], 4, consumer="a")
+    assert (acked, taken) == (4, [])
+    assert Task.objects.count() == 4

@@ -51,6 +51,7 @@ __all__ = [
     "insert_together",
     "claim",
     "delete_pks",
+    "delete_and_claim",
     "add_to",
     "batched",
     "discard_if_broken",
@@ -622,8 +623,12 @@ class _ClaimStatement:
         with connections[using].cursor() as cursor:
             cursor.execute(self.sql, self.params)
             rows = cursor.fetchall()
+        return self.finish(using, rows)
+
+    def finish(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
+        """The claimed rows as instances, in the claim's order (``RETURNING`` gives them in
+        no particular order)."""
         objs = self.instances.make(using, rows)
-        # RETURNING gives the rows in no particular order: put them in the claim's.
         for name, descending in reversed(self.order):
             objs.sort(key=lambda obj, name=name: getattr(obj, name), reverse=descending)
         return objs
@@ -700,6 +705,80 @@ def delete_pks(
             cursor.execute(f"{where.delete}({', '.join(['%s'] * len(chunk))})", [*where.params, *chunk])
             total += cursor.rowcount
     return total
+
+
+def delete_and_claim(
+    queryset: QuerySet[Any],
+    pks: Sequence[Any],
+    *,
+    where: Q | Callable[[], Q],
+    delete_key: Hashable,
+    limit: int,
+    claimable: Q | Callable[[], Q],
+    order_by: Sequence[Any],
+    changes: dict[str, Any] | Callable[[], dict[str, Any]],
+    key: Hashable,
+    counters: tuple[type[Model], dict[str, Any], dict[str, str]],
+) -> tuple[int, list[Any], bool] | None:
+    """What a worker does between two batches, as one statement: ``delete_pks(queryset, pks,
+    where=…, key=delete_key)``, ``claim(queryset, limit=…, …, direct=True, fetch=True,
+    key=key)``, and the counter ``UPDATE`` — ``counters`` is ``(model, match, {field:
+    "deleted" | "claimed"})``: add to each field how many rows the statement deleted or
+    claimed, on the row of ``model`` that ``match`` names.
+
+    PostgreSQL runs the three as data-modifying ``WITH`` parts of one statement (one round
+    trip, atomic by itself; in the caller's transaction if there is one): the deleted rows
+    (taken ones) and the claimed rows (ready ones) must be different rows, since the parts
+    share one snapshot. Returns ``(deleted, claimed, counted)``: ``counted`` is false when no
+    counter row matched (the caller adds the counts its own way). ``None`` where it cannot be
+    one statement (other databases, or a claim or filter that is not kept): the caller runs
+    the parts one by one.
+    """
+    using = queryset.db
+    if not features(using).modifying_with or not pks or len(pks) > features(using).max_params // 2:
+        return None
+    claim_statement = _keep(
+        ("claim", key, using, limit),
+        lambda: _ClaimStatement.build(queryset, limit, claimable, order_by, changes),
+    )
+
+    def rows() -> QuerySet[Any]:
+        return queryset.filter(where() if callable(where) else where)
+
+    kept_where = _keep(("delete", delete_key, using), lambda: _Where.build(rows()))
+    if claim_statement is None or kept_where is None or kept_where.delete == _Where.EMPTY:
+        return None
+    model, match, counted = counters
+    connection = connections[using]
+    if not kept_where.plain_pk:
+        pks = [kept_where.pk_field.get_db_prep_value(pk, connection) for pk in pks]
+
+    def build() -> str:
+        qn = connection.ops.quote_name
+        opts = model._meta
+        sets = ", ".join(
+            f"{qn(opts.get_field(name).column)} = {qn(opts.get_field(name).column)} + "
+            f"(SELECT COUNT(*) FROM {'d' if what == 'deleted' else 'c'})"
+            for name, what in counted.items()
+        )
+        match_sql = " AND ".join(f"{qn(opts.get_field(name).column)} = %s" for name in match)
+        return (
+            f"c AS ({claim_statement.sql}), s AS (UPDATE {qn(opts.db_table)} SET {sets} WHERE {match_sql} "
+            "RETURNING 1) SELECT (SELECT COUNT(*) FROM d), (SELECT COUNT(*) FROM s), c.* "
+            "FROM (SELECT 1) AS one LEFT JOIN c ON TRUE"
+        )
+
+    tail = _keep(
+        ("delete-and-claim", key, delete_key, using, limit, model, tuple(match), tuple(counted)), build
+    )
+    sql = f"WITH d AS ({kept_where.delete}({', '.join(['%s'] * len(pks))}) RETURNING 1), {tail}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*kept_where.params, *pks, *claim_statement.params, *match.values()])
+        result = cursor.fetchall()
+    deleted, counted_rows = result[0][0], result[0][1]
+    # No claimed row: the LEFT JOIN's one row, all NULL.
+    claimed = [row[2:] for row in result if row[2] is not None]
+    return deleted, claim_statement.finish(using, claimed), bool(counted_rows)
 
 
 def add_to(model: type[Model], using: str, match: dict[str, Any], deltas: dict[str, int]) -> int:

@@ -40,6 +40,8 @@ class Features:
     order_by_repeats_null_prefix: bool = False
     #: ``UPDATE … RETURNING`` exists (PostgreSQL, SQLite 3.35+; not MariaDB 10 or MySQL).
     update_returning: bool = False
+    #: ``INSERT``/``UPDATE``/``DELETE`` may be parts of a ``WITH`` (PostgreSQL).
+    modifying_with: bool = False
 
 
 @cache
@@ -54,6 +56,7 @@ def _features(alias: str, vendor: str, skip_locked: bool, of: bool, returning: b
         max_params=30_000 if vendor == "sqlite" else 60_000,
         order_by_repeats_null_prefix=vendor == "postgresql",
         update_returning=returning and vendor in ("postgresql", "sqlite"),
+        modifying_with=vendor == "postgresql",
     )
 
 

@@ -76,6 +76,9 @@ _STALE_CHECK_EVERY = 1.0
 _BEAT_EVERY = 5.0
 # How often a worker's batches probe for ended delays and ttrs (seconds); a plain take always does.
 _WORKER_DUE_CHECK_EVERY = 0.25
+# What a worker's batch adds to its counter slot (engine.delete_and_claim): takes are the
+# claimed rows, acks and done the deleted ones.
+_BATCH_COUNTERS = {"take": "claimed", "ack": "deleted", "done": "deleted"}
 
 
 def default_consumer() -> str:
@@ -891,8 +894,37 @@ class Tube(models.Model):
                 self._emit(task, "take")
             return acked, tasks
 
+        watched = (self._using, self.pk) in _callbacks
+        if ack and kept and not watched:
+            # PostgreSQL: the acknowledgement, the claim and the counters as one statement.
+            together = engine.run_in_transaction(
+                Task,
+                self._using,
+                lambda: engine.delete_and_claim(
+                    self._tasks(),
+                    ack,
+                    where=lambda: self._held(consumer),
+                    delete_key=("tube-held", self.pk, self.type, consumer),
+                    limit=limit,
+                    claimable=claimable,
+                    order_by=self._order(),
+                    changes=writes,
+                    key=("tube-take", self.pk, self.type, consumer),
+                    counters=(TubeStat, {"tube_id": self.pk, "slot": _slot()}, _BATCH_COUNTERS),
+                ),
+                alone=True,
+            )
+            if together is not None:
+                acked, tasks, counted = together
+                if not counted:
+                    # No counter rows (a tube made without create_tube): make them, and count.
+                    self._count(take=len(tasks), ack=acked, done=acked)
+                if not tasks and not acked:
+                    self._ensure_exists()
+                return acked, tasks
+
         # An acknowledgement that deletes at once writes first: no write lock to take before it.
-        writes_first = bool(ack) and (self._using, self.pk) not in _callbacks
+        writes_first = bool(ack) and not watched
         for attempt in range(5):
             try:
                 acked, tasks = self._run(work, lock_first=not writes_first)
