@@ -62,6 +62,24 @@ T = TypeVar("T")
 #: The largest ``limit`` a claim passes to the database (more rows than any table holds).
 MAX_LIMIT = 2**31 - 1
 
+#: How many compiled statements a process keeps.
+KEPT_STATEMENTS = 256
+_kept: dict[Hashable, Any] = {}
+
+
+def _keep(key: Hashable, build: Callable[[], T]) -> T:
+    """The statement kept under ``key``; ``build()`` makes it the first time (``None``: this
+    shape has no kept statement, and the caller takes the ORM's way)."""
+    try:
+        return _kept[key]
+    except KeyError:
+        pass
+    value = build()
+    if len(_kept) >= KEPT_STATEMENTS:
+        _kept.clear()
+    _kept[key] = value
+    return value
+
 
 @contextmanager
 def write_transaction(
@@ -205,10 +223,15 @@ def insert_together(
 
 
 def _insert_fields(model: type[Model], returning: Sequence[str]) -> tuple[list[Any], list[Any]]:
-    """The fields an INSERT of ``model`` writes, and those it returns (the key first)."""
-    opts = model._meta
-    fields = [f for f in opts.concrete_fields if not isinstance(f, AutoField) and not f.generated]
-    return fields, [opts.pk, *(opts.get_field(name) for name in returning)]
+    """The fields an INSERT of ``model`` writes, and those it returns (the key first); kept
+    per model (a put asks every time)."""
+
+    def build() -> tuple[list[Any], list[Any]]:
+        opts = model._meta
+        fields = [f for f in opts.concrete_fields if not isinstance(f, AutoField) and not f.generated]
+        return fields, [opts.pk, *(opts.get_field(name) for name in returning)]
+
+    return _keep(("insert-fields", model, tuple(returning)), build)
 
 
 def _insert_returning(
@@ -507,25 +530,7 @@ def update_returning(queryset: QuerySet[Any], changes: dict[str, Any]) -> list[A
 #
 # A worker sends the same few statements batch after batch; building them through the ORM
 # costs more client CPU than the database spends running them. These are compiled once per
-# shape and kept (a bounded number per process, forgotten all at once when full).
-
-#: How many compiled statements a process keeps.
-KEPT_STATEMENTS = 256
-_kept: dict[Hashable, Any] = {}
-
-
-def _keep(key: Hashable, build: Callable[[], T]) -> T:
-    """The statement kept under ``key``; ``build()`` makes it the first time (``None``: this
-    shape has no kept statement, and the caller takes the ORM's way)."""
-    try:
-        return _kept[key]
-    except KeyError:
-        pass
-    value = build()
-    if len(_kept) >= KEPT_STATEMENTS:
-        _kept.clear()
-    _kept[key] = value
-    return value
+# shape and kept (see _keep).
 
 
 class _Instances:
