@@ -26,7 +26,7 @@ def _sql(queries: CaptureQueriesContext) -> list[str]:
     return [q["sql"] for q in queries.captured_queries]
 
 
-def test_a_worker_batch_acks_claims_and_counts_in_three_statements(vendor):
+def test_a_worker_batch_is_one_statement_on_postgresql_and_three_on_sqlite(vendor):
     tube = Tube.objects.create_tube("batch", "fifottl", ttr=60)
     tube.put_many(list(range(30)))
     first = tube.take_many(10, consumer="w")
