@@ -663,8 +663,11 @@ class _Where:
         except FullResultSet:
             where, params = "", []
         self.params = tuple(params)
-        self.delete = f"DELETE FROM {table} WHERE " + (f"({where}) AND " if where else "")
-        self.delete += f"{table}.{qn(pk.column)} IN "
+        #: ``DELETE FROM … WHERE (…) AND <pk>``: the caller adds ``IN (…)`` or ``= ANY(…)``.
+        self.head = (
+            f"DELETE FROM {table} WHERE " + (f"({where}) AND " if where else "") + f"{table}.{qn(pk.column)}"
+        )
+        self.delete = f"{self.head} IN "
 
     @classmethod
     def build(cls, queryset: QuerySet[Any]) -> _Where | None:
@@ -773,12 +776,14 @@ def delete_and_claim(
             "FROM (SELECT 1) AS one LEFT JOIN c ON TRUE"
         )
 
-    tail = _keep(
-        ("delete-and-claim", key, delete_key, using, limit, model, tuple(match), tuple(counted)), build
+    # The keys as one array parameter (PostgreSQL's = ANY): the statement's text is the same
+    # from batch to batch, with few enough parameters for the driver to keep it parsed.
+    sql = _keep(
+        ("delete-and-claim", key, delete_key, using, limit, model, tuple(match), tuple(counted)),
+        lambda: f"WITH d AS ({kept_where.head} = ANY(%s) RETURNING 1), {build()}",
     )
-    sql = f"WITH d AS ({kept_where.delete}({', '.join(['%s'] * len(pks))}) RETURNING 1), {tail}"
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*kept_where.params, *pks, *claim_statement.params, *match.values()])
+        cursor.execute(sql, [*kept_where.params, list(pks), *claim_statement.params, *match.values()])
         result = cursor.fetchall()
     deleted, counted_rows = result[0][0], result[0][1]
     # No claimed row: the LEFT JOIN's one row, all NULL.
