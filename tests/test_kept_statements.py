@@ -221,3 +221,13 @@ def test_a_batch_acknowledges_only_its_own_live_tasks_and_claims_the_rest():
     acked, taken = tube.ack_and_take([t.pk for t in taken], 4, consumer="a")
     assert (acked, taken) == (4, [])
     assert Task.objects.count() == 4
+
+
+def test_a_first_batch_that_acknowledges_before_it_ever_claimed_in_bulk():
+    """The batch statement may be compiled outside any transaction (PostgreSQL's batch runs in
+    autocommit): its locking read must still compile."""
+    tube = Tube.objects.create_tube("first", "fifo")
+    tube.put_many(list(range(10)))
+    held = [tube.take(0, consumer="z").pk for _ in range(2)]  # one at a time: no kept claim yet
+    acked, taken = tube.ack_and_take(held, 5, consumer="z")
+    assert acked == 2 and len(taken) == 5 and {t.owner for t in taken} == {"z"}

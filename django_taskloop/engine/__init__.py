@@ -618,7 +618,10 @@ class _ClaimStatement:
         query = rows.query.chain(UpdateQuery)
         query.add_update_values(changes)
         compiler = query.get_compiler(using)
-        sql, params = compiler.as_sql()
+        # Django compiles FOR UPDATE only inside a transaction; PostgreSQL's batch statement
+        # runs in autocommit (engine.delete_and_claim), and may be the first to need this one.
+        with transaction.atomic(using=using, savepoint=False):
+            sql, params = compiler.as_sql()
         qn = connections[using].ops.quote_name
         table = opts.db_table
         sql += " RETURNING " + ", ".join(f"{qn(table)}.{qn(field.column)}" for field in opts.concrete_fields)
@@ -743,7 +746,7 @@ def delete_and_claim(
     the parts one by one.
     """
     using = queryset.db
-    if not features(using).modifying_with or not pks or len(pks) > features(using).max_params // 2:
+    if not features(using).modifying_with or not pks:
         return None
     claim_statement = _keep(
         ("claim", key, using, limit),

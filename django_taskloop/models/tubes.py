@@ -865,11 +865,11 @@ class Tube(models.Model):
                 changes["taken_key"] = _taken_key()
             return changes
 
-        # A batch claim of a fifo tube is one kept statement (engine.claim(key=…)): its filter
-        # and changes are built once, when it is compiled. Other claims take the ORM's way:
-        # build those before the transaction, so that no lock waits on them (on SQLite the
-        # whole database does).
-        kept = limit > 1 and not self._is_utube
+        # A batch claim of a fifo tube is one kept statement where the database updates with
+        # RETURNING (engine.claim(key=…)): its filter and changes are built once, when it is
+        # compiled. Other claims take the ORM's way: build those before the transaction, so
+        # that no lock waits on them (on SQLite the whole database does).
+        kept = limit > 1 and not self._is_utube and engine.features(self._using).update_returning
         claimable = self._claimable if kept else self._claimable()
         writes = changes if kept else changes()
 
