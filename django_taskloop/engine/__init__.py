@@ -401,10 +401,7 @@ def claim(
     model = queryset.model
     using = queryset.db
     if key is not None and direct and fetch and features(using).update_returning:
-        statement = _keep(
-            ("claim", key, using, limit),
-            lambda: _ClaimStatement.build(queryset, limit, claimable, order_by, changes),
-        )
+        statement = _kept_claim(queryset, limit, claimable, order_by, changes, key)
         if statement is not None:
             # One statement that writes: SQLite's write lock needs no taking first.
             return run_in_transaction(
@@ -479,11 +476,16 @@ def claim(
     return run_in_transaction(model, using, lambda: lock_and_write(base), savepoint=False)
 
 
+def _joins(query: Query) -> bool:
+    """Whether ``query`` joins a table besides its model's own."""
+    return any(alias != query.base_table and query.alias_refcount[alias] for alias in query.alias_map)
+
+
 def _reads_other_tables(queryset: QuerySet[Any]) -> bool:
     """Whether ``queryset``'s filter reads a table besides its model's own (a join or a
     subquery)."""
     query = queryset.query
-    if any(alias != query.base_table and query.alias_refcount[alias] for alias in query.alias_map):
+    if _joins(query):
         return True
 
     def has_subquery(node: Any) -> bool:
@@ -645,8 +647,6 @@ class _ClaimStatement:
 class _Where:
     """A single-table queryset's ``WHERE``, compiled once: ``DELETE`` by primary keys."""
 
-    EMPTY = "empty"
-
     def __init__(self, queryset: QuerySet[Any]) -> None:
         model = queryset.model
         using = queryset.db
@@ -658,11 +658,13 @@ class _Where:
         pk = model._meta.pk
         self.plain_pk = pk.get_internal_type() in ("AutoField", "BigAutoField", "SmallAutoField")
         self.pk_field = pk
+        #: The filter matches no row at all: nothing to send.
+        self.empty = False
         try:
             where, params = compiler.compile(query.where)
         except EmptyResultSet:
-            self.delete = self.EMPTY
-            return
+            self.empty = True
+            where, params = "", []
         except FullResultSet:
             where, params = "", []
         self.params = tuple(params)
@@ -675,10 +677,41 @@ class _Where:
     @classmethod
     def build(cls, queryset: QuerySet[Any]) -> _Where | None:
         query = queryset.query
-        joins = any(alias != query.base_table and query.alias_refcount[alias] for alias in query.alias_map)
-        if joins or query.is_sliced or query.distinct or query.combinator:
+        if _joins(query) or query.is_sliced or query.distinct or query.combinator:
             return None
         return cls(queryset)
+
+    def prepared(self, pks: Sequence[Any], connection: Any) -> Sequence[Any]:
+        """``pks`` as the database takes them (integer keys go as they are)."""
+        if self.plain_pk:
+            return pks
+        return [self.pk_field.get_db_prep_value(pk, connection) for pk in pks]
+
+
+def _kept_claim(
+    queryset: QuerySet[Any],
+    limit: int,
+    claimable: Q | Callable[[], Q],
+    order_by: Sequence[Any],
+    changes: dict[str, Any] | Callable[[], dict[str, Any]],
+    key: Hashable,
+) -> _ClaimStatement | None:
+    """The one-statement claim kept under ``key`` (see :func:`claim`), or ``None``."""
+    return _keep(
+        ("claim", key, queryset.db, limit),
+        lambda: _ClaimStatement.build(queryset, limit, claimable, order_by, changes),
+    )
+
+
+def _kept_where(queryset: QuerySet[Any], where: Q | Callable[[], Q] | None, key: Hashable) -> _Where | None:
+    """The ``WHERE`` of ``queryset`` and ``where`` kept under ``key`` (see :func:`delete_pks`),
+    or ``None`` where it cannot be kept (a join)."""
+    return _keep(("delete", key, queryset.db), lambda: _Where.build(_filtered(queryset, where)))
+
+
+def _filtered(queryset: QuerySet[Any], where: Q | Callable[[], Q] | None) -> QuerySet[Any]:
+    condition = where() if callable(where) else where
+    return queryset if condition is None else queryset.filter(condition)
 
 
 def delete_pks(
@@ -695,25 +728,18 @@ def delete_pks(
     if not pks:
         return 0
     using = queryset.db
-
-    def rows() -> QuerySet[Any]:
-        condition = where() if callable(where) else where
-        return queryset if condition is None else queryset.filter(condition)
-
-    kept = _keep(("delete", key, using), lambda: _Where.build(rows())) if key is not None else None
+    kept = _kept_where(queryset, where, key) if key is not None else None
     if kept is None:
-        filtered = rows()
+        filtered = _filtered(queryset, where)
         return sum(filtered.filter(pk__in=chunk)._raw_delete(using) for chunk in batched(pks, using))
-    where = kept
-    if where.delete == _Where.EMPTY:
+    if kept.empty:
         return 0
     connection = connections[using]
     total = 0
-    for chunk in batched(pks, using, per_row=1):
-        if not where.plain_pk:
-            chunk = [where.pk_field.get_db_prep_value(pk, connection) for pk in chunk]
+    for chunk in batched(pks, using):
+        chunk = kept.prepared(chunk, connection)
         with connection.cursor() as cursor:
-            cursor.execute(f"{where.delete}({', '.join(['%s'] * len(chunk))})", [*where.params, *chunk])
+            cursor.execute(f"{kept.delete}({', '.join(['%s'] * len(chunk))})", [*kept.params, *chunk])
             total += cursor.rowcount
     return total
 
@@ -748,21 +774,13 @@ def delete_and_claim(
     using = queryset.db
     if not features(using).modifying_with or not pks:
         return None
-    claim_statement = _keep(
-        ("claim", key, using, limit),
-        lambda: _ClaimStatement.build(queryset, limit, claimable, order_by, changes),
-    )
-
-    def rows() -> QuerySet[Any]:
-        return queryset.filter(where() if callable(where) else where)
-
-    kept_where = _keep(("delete", delete_key, using), lambda: _Where.build(rows()))
-    if claim_statement is None or kept_where is None or kept_where.delete == _Where.EMPTY:
+    claim_statement = _kept_claim(queryset, limit, claimable, order_by, changes, key)
+    kept_where = _kept_where(queryset, where, delete_key)
+    if claim_statement is None or kept_where is None or kept_where.empty:
         return None
     model, match, counted = counters
     connection = connections[using]
-    if not kept_where.plain_pk:
-        pks = [kept_where.pk_field.get_db_prep_value(pk, connection) for pk in pks]
+    pks = kept_where.prepared(pks, connection)
 
     def build() -> str:
         qn = connection.ops.quote_name

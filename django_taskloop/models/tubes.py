@@ -886,8 +886,7 @@ class Tube(models.Model):
                 changes=writes,
                 fetch=True,
                 direct=limit > 1,
-                # Everything the claim's statement depends on (the type decides the rest).
-                key=("tube-take", self.pk, self.type, consumer),
+                key=self._kept_key("take", consumer),
             )
             self._count(take=len(tasks), ack=acked, done=acked)
             for task in tasks:
@@ -904,12 +903,12 @@ class Tube(models.Model):
                     self._tasks(),
                     ack,
                     where=lambda: self._held(consumer),
-                    delete_key=("tube-held", self.pk, self.type, consumer),
+                    delete_key=self._kept_key("held", consumer),
                     limit=limit,
                     claimable=claimable,
                     order_by=self._order(),
                     changes=writes,
-                    key=("tube-take", self.pk, self.type, consumer),
+                    key=self._kept_key("take", consumer),
                     counters=(TubeStat, {"tube_id": self.pk, "slot": _slot()}, _BATCH_COUNTERS),
                 ),
                 alone=True,
@@ -962,6 +961,12 @@ class Tube(models.Model):
 
         return self._run(work)
 
+    def _kept_key(self, what: str, consumer: str) -> tuple[Any, ...]:
+        """The name of an engine-kept statement of this tube for ``consumer`` ("take": the
+        claim, "held": the acknowledgement's filter): everything it depends on, the type
+        deciding the rest."""
+        return ("tube", what, self.pk, self.type, consumer)
+
     def _held(self, consumer: str) -> Q:
         """Tasks ``consumer`` holds now (for ttl drivers: whose ttr has not run out)."""
         held = Q(state=TAKEN, owner=consumer)
@@ -995,7 +1000,7 @@ class Tube(models.Model):
                 self._tasks(),
                 ids,
                 where=lambda: self._held(consumer),
-                key=("tube-held", self.pk, self.type, consumer),
+                key=self._kept_key("held", consumer),
             )
         held = self._held(consumer)
         total = 0
