@@ -440,7 +440,7 @@ def write_report(
         ("django-taskloop Django Task `enqueue()`", "taskloop", "task_rate", None),
         ("django-taskloop `put` × N in one `atomic()`", "taskloop", "atomic_rate", None),
         *((LABELS[p], p, "rate", None) for p in ("tasksdb", "q2", "djqueue")),
-        ("raw SQL: one INSERT and COMMIT per job (the limit of one durable write)", "raw", "rate", None),
+        ("raw SQL: one INSERT per job in autocommit (the limit of one durable write per call)", "raw", "rate", None),
     ]
     for label, system, single_field, bulk_field in enqueue_rows:
         cells = []
@@ -583,7 +583,7 @@ def write_report(
         ours_put = rates(table, db, "taskloop", "enqueue", "", None)
         theirs_put = rates(table, db, "tasksdb", "enqueue", "", None)
         raw_put = rates(table, db, "raw", "enqueue", "", None)
-        # The ceiling: raw SQL's one INSERT and COMMIT per job, against the same peer.
+        # The ceiling: raw SQL's one autocommit INSERT per job, against the same peer.
         ceiling = f" (raw SQL: {ratio(raw_put, theirs_put)})" if raw_put and theirs_put else ""
         put.append(cell(ours_put, theirs_put, 2) + ceiling)
         ours_bulk = rates(table, db, "taskloop", "enqueue", "", None, "bulk_rate")

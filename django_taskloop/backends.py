@@ -155,11 +155,13 @@ if BaseTaskBackend is not None:
                 try:
                     self._insert(record, task, using, fresh=attempt > 0)
                     break
-                except (IntegrityError, NotFound):
-                    # The queue's tube was dropped since this process looked it up (found at
-                    # once, or at commit where foreign keys are deferred): once more, with a
-                    # tube made afresh.
-                    if attempt or connections[using].in_atomic_block:
+                except (IntegrityError, NotFound) as error:
+                    # The queue's tube was dropped since this process looked it up: once more,
+                    # with a tube made afresh. NotFound: the INSERTs, which write only if the
+                    # tube is there, wrote nothing, so even a caller's transaction goes on. An
+                    # IntegrityError (dropped while we wrote: found at commit where foreign
+                    # keys are deferred) has spoilt a caller's transaction.
+                    if attempt or (isinstance(error, IntegrityError) and connections[using].in_atomic_block):
                         raise
                     record.enqueued_at = engine.DbNow()
             result = self._to_result(record, task)
@@ -253,9 +255,10 @@ if BaseTaskBackend is not None:
                         TaskRecord, using, lambda tube=tube: work(tube), lock_first=unique_on is not None
                     )
                     break
-                except (IntegrityError, NotFound):
-                    # The queue's tube was dropped since this process looked it up (see enqueue).
-                    if attempt or connections[using].in_atomic_block:
+                except (IntegrityError, NotFound) as error:
+                    # The queue's tube was dropped since this process looked it up (see enqueue;
+                    # a NotFound rolled back to run_in_transaction's savepoint).
+                    if attempt or (isinstance(error, IntegrityError) and connections[using].in_atomic_block):
                         raise
                     record.enqueued_at = engine.DbNow()
             if twin is not None:
@@ -583,10 +586,8 @@ def _tube(using: str, queue_name: str, fresh: bool = False, keyed: bool = False)
 
     key = (using, keyed_tube_name(queue_name) if keyed else queue_name)
     tube = _tubes.get(key)
-    if tube is not None and not fresh and connections[using].in_atomic_block:
-        # Inside a caller's transaction a vanished tube would show only at its commit (or
-        # never, if it rolls back, as tests do): look before trusting what was cached.
-        fresh = not Tube.objects.using(using).filter(pk=tube.pk, name=tube.name).exists()
+    # No look here whether a cached tube is still there: the task's INSERT writes only if it
+    # is (Tube._insert), and a NotFound brings the caller back with fresh=True.
     if fresh or tube is None:
         _tubes[key] = Tube.objects.db_manager(using).create_tube(
             *((keyed_tube_name(queue_name), "utubettl") if keyed else (tube_name(queue_name), "fifottl")),

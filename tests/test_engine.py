@@ -139,3 +139,59 @@ def test_insert_together_writes_all_rows_or_none():
         engine.insert_together([lost, orphan], "default", returning=[["enqueued_at"], []])
     assert not TaskRecord.objects.filter(pk=lost.pk).exists()
     assert Task.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path", ["kept", "compiler"])
+def test_insert_only_if_writes_only_while_the_guard_row_exists(path):
+    """``only_if``: the INSERT itself checks that a row still exists (one statement, kept or
+    built by the compiler), and writes nothing and says so when it is gone."""
+    from django.db import connection, transaction
+    from django.db.models import Value
+    from django.test.utils import CaptureQueriesContext
+
+    from django_taskloop import engine
+    from django_taskloop.models import Task, Tube
+
+    tube = Tube.objects.create_tube("guarded", "fifottl")
+    gone = Tube.objects.create_tube("guard-gone", "fifottl")
+    Tube.objects.filter(pk=gone.pk).delete()
+
+    def new(tube_id):
+        return Task(tube_id=tube_id, state="r", pri=Value(3) if path == "compiler" else 3, data={"n": 1})
+
+    with transaction.atomic():
+        kept = new(tube.pk)
+        with CaptureQueriesContext(connection) as queries:
+            assert engine.insert([kept], "default", returning=["ttl_at"], only_if=tube) is True
+        if path == "kept":
+            assert len(queries.captured_queries) == 1, queries.captured_queries
+        # A task for a dropped tube: nothing written, the transaction goes on.
+        orphan = new(gone.pk)
+        assert engine.insert([orphan], "default", only_if=gone) is False
+        assert orphan.pk is None
+    assert list(Task.objects.values_list("pk", "tube_id", "pri")) == [(kept.pk, tube.pk, 3)]
+    with pytest.raises(ValueError, match="one row"):
+        engine.insert([new(tube.pk), new(tube.pk)], "default", only_if=tube)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_insert_together_only_if_writes_no_row_when_the_guard_is_gone():
+    from django.db import transaction
+
+    from django_taskloop import engine
+    from django_taskloop.models import Task, TaskRecord, Tube
+
+    tube = Tube.objects.create_tube("together-guarded", "fifottl")
+    record = TaskRecord(backend="default", queue_name="q", task_path="x.y", enqueued_at=DbNow())
+    task = Task(tube_id=tube.pk, state="r", data={"result": record.id})
+    assert engine.insert_together([record, task], "default", returning=[["enqueued_at"], []], only_if=tube)
+    lost = TaskRecord(backend="default", queue_name="q", task_path="x.y", enqueued_at=DbNow())
+    orphan = Task(tube_id=tube.pk, state="r", data={"result": lost.id})
+    Task.objects.all().delete()
+    Tube.objects.filter(pk=tube.pk).delete()
+    with transaction.atomic():
+        assert not engine.insert_together([lost, orphan], "default", returning=[["enqueued_at"], []], only_if=tube)
+        assert TaskRecord.objects.count() == 1  # the transaction is usable: nothing was written
+    assert list(TaskRecord.objects.values_list("pk", flat=True)) == [record.pk]
+    assert Task.objects.count() == 0

@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_taskloop.engine import db_now, features
 from django_taskloop.exceptions import NotFound
-from django_taskloop.models import TaskRecord, Tube
+from django_taskloop.models import Task, TaskRecord, Tube
 
 from .workers_util import add
 
@@ -73,6 +73,50 @@ def test_put_into_a_dropped_tube_is_not_found_and_counts_nothing():
         tube.put_many([1, 2])
     with pytest.raises(NotFound), transaction.atomic():
         tube.put(1)
+
+
+@pytest.mark.parametrize("type", ["fifo", "fifottl", "utube", "utubettl"])
+def test_a_put_inside_a_transaction_is_one_statement(type):
+    """ATOMIC_REQUESTS views put inside a transaction: still one statement (no savepoint, no
+    look-up of the tube: the INSERT itself says whether the tube is still there)."""
+    tube = Tube.objects.create_tube("inside", type, ttl=600, ttr=30)
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as queries:
+            task = tube.put({"n": 1}, pri=2, utube="k")
+        assert len(_statements(queries)) == 1, _statements(queries)
+        assert _statements(queries)[0].lstrip().upper().startswith(("INSERT", "WITH"))
+    assert Tube.objects.get(pk=tube.pk).peek(task.pk).data == {"n": 1}
+
+
+def test_a_put_into_a_dropped_tube_inside_a_transaction_writes_nothing_and_the_transaction_goes_on():
+    live = Tube.objects.create_tube("live", "fifottl")
+    gone = Tube.objects.create_tube("gone", "fifottl")
+    Tube.objects.get(pk=gone.pk).drop()
+    with transaction.atomic():
+        live.put(1)
+        with pytest.raises(NotFound):
+            gone.put(2)
+        live.put(3)
+    assert [t.data for t in live._tasks().order_by("pk")] == [1, 3]
+    assert not Task.objects.filter(tube_id=gone.pk).exists()
+
+
+def test_a_django_task_enqueue_inside_a_transaction_is_one_statement_on_postgresql_and_two_inserts_elsewhere():
+    add.enqueue(1, 2)  # the first enqueue of a process makes the queue's tube
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as queries:
+            result = add.enqueue(2, 3)
+        statements = _statements(queries)
+        if features("default").notify:
+            assert len(statements) == 1, statements
+            assert statements[0].lstrip().upper().startswith("WITH")
+        else:
+            assert len(statements) == 2, statements
+            assert all(sql.lstrip().upper().startswith("INSERT") for sql in statements), statements
+    assert TaskRecord.objects.get(pk=result.id).status == "READY"
+    assert [t.data for t in Tube.objects.get(name="tasks.default")._tasks().order_by("pk")][-1] == {
+        "result": result.id
+    }
 
 
 def test_derived_put_counts_every_put_and_nothing_rolled_back():

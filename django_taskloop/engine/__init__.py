@@ -32,6 +32,7 @@ from .vendor import (
     data_files,
     db_now,
     features,
+    insert_only_if,
     is_retryable,
     notifying,
     take_write_lock,
@@ -122,7 +123,9 @@ def run_in_transaction(
     while True:
         try:
             if alone:
-                return work()
+                # As save() does: inside a caller's transaction an error marks it for rollback.
+                with transaction.mark_for_rollback_on_error(using):
+                    return work()
             with write_transaction(model, using, savepoint=savepoint, lock_first=lock_first):
                 return work()
         except DatabaseError as error:
@@ -141,8 +144,13 @@ def run_in_transaction(
 
 
 def insert(
-    objs: Sequence[Model], using: str, *, returning: Sequence[str] = (), notify: str | None = None
-) -> None:
+    objs: Sequence[Model],
+    using: str,
+    *,
+    returning: Sequence[str] = (),
+    notify: str | None = None,
+    only_if: Model | None = None,
+) -> bool:
     """INSERT ``objs`` (instances of one model) in one statement, as ``save()`` would write them.
 
     Sets each instance's primary key and the ``returning`` fields — values the database
@@ -152,9 +160,17 @@ def insert(
     statement where the database has them (PostgreSQL), so that listeners hear of the rows
     when they commit. Runs in the caller's transaction if there is one; the caller keeps
     the rows within one statement's size (:func:`batched`).
+
+    ``only_if``: a saved instance (of any model) that must still exist for the one row of
+    ``objs`` to be written, checked by the INSERT itself (``INSERT … SELECT … WHERE EXISTS``).
+    Returns whether the rows were written. Where foreign keys are checked only at commit
+    (PostgreSQL, SQLite), this says at once that a parent is gone, and writes nothing, without
+    a look-up before the INSERT or a savepoint around it.
     """
     if not objs:
-        return
+        return True
+    if only_if is not None and len(objs) != 1:
+        raise ValueError(f"only_if guards one row, not {len(objs)}")
     model = type(objs[0])
     opts = model._meta
     connection = connections[using]
@@ -163,10 +179,11 @@ def insert(
         len(objs) == 1 and connection.features.can_return_columns_from_insert
     )
     if one_statement:
-        _insert_returning(objs, using, fields, returned, notify)
-        return
+        return _insert_returning(objs, using, fields, returned, notify, only_if)
     # MySQL: no RETURNING. One INSERT per row for its key, then read back what the database
     # computed.
+    if only_if is not None and not _exists(only_if, using):
+        return False
     for obj in objs:
         _insert_returning([obj], using, fields, [opts.pk], notify)
     if returning:
@@ -174,38 +191,53 @@ def insert(
         for obj in objs:
             for name in returning:
                 setattr(obj, name, getattr(by_pk[obj.pk], name))
+    return True
+
+
+def _exists(obj: Model, using: str) -> bool:
+    return type(obj)._base_manager.db_manager(using).filter(pk=obj.pk).exists()
 
 
 def insert_together(
-    objs: Sequence[Model], using: str, *, returning: Sequence[Sequence[str]], notify: str | None = None
-) -> None:
+    objs: Sequence[Model],
+    using: str,
+    *,
+    returning: Sequence[Sequence[str]],
+    notify: str | None = None,
+    only_if: Model | None = None,
+) -> bool:
     """INSERT ``objs`` — one row each, of any models — all or nothing, as :func:`insert` would
     one by one (``returning[i]`` for ``objs[i]``). On PostgreSQL that is one statement (its
     INSERTs as data-modifying ``WITH`` parts, the ``NOTIFY`` beside them): one round trip,
     no transaction of its own. Elsewhere the INSERTs share a transaction (the caller's, if
-    there is one)."""
+    there is one, with no savepoint: an error there spoils the caller's transaction, as
+    ``save()``'s does). ``only_if``: as for :func:`insert`, for all the rows (none is written
+    if it is gone); returns whether they were written."""
     connection = connections[using]
     statements = []
     if features(using).notify and connection.features.can_return_columns_from_insert:
         for obj, names in zip(objs, returning, strict=True):
             fields, returned = _insert_fields(type(obj), names)
-            statement = _one_row_insert(obj, using, fields, returned, False)
+            statement = _one_row_insert(obj, using, fields, returned, False, only_if)
             if statement is None:
                 break
             statements.append((obj, statement, returned))
     if len(statements) != len(objs):
 
-        def work() -> None:
-            for obj, names in zip(objs, returning, strict=True):
-                insert([obj], using, returning=names, notify=notify)
+        def work() -> bool:
+            for index, (obj, names) in enumerate(zip(objs, returning, strict=True)):
+                # The first INSERT checks the guard: if it writes nothing, nothing is written.
+                guard = only_if if index == 0 else None
+                if not insert([obj], using, returning=names, notify=notify, only_if=guard):
+                    return False
+            return True
 
         # The first statement writes: no need to take SQLite's write lock before it.
-        run_in_transaction(type(objs[0]), using, work, lock_first=False)
-        return
+        return run_in_transaction(type(objs[0]), using, work, savepoint=False, lock_first=False)
     parts, params, columns = [], [], []
     for index, (obj, statement, returned) in enumerate(statements):
         parts.append(f"r{index} AS ({statement.sql})")
-        params.extend(statement.params(obj, connection))
+        params.extend(statement.params(obj, connection, only_if))
         columns.extend(f"r{index}.{connection.ops.quote_name(field.column)}" for field in returned)
     if notify is not None:
         columns.append("(SELECT pg_notify(%s, ''))")
@@ -215,11 +247,15 @@ def insert_together(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
+    if row is None:
+        # Guarded and the guard is gone: every part saw the same snapshot, none wrote.
+        return False
     start = 0
     for obj, statement, returned in statements:
         values = row[start : start + len(returned)]
         start += len(returned)
         _set_returned(obj, using, statement.convert(values, connection), returned)
+    return True
 
 
 def _insert_fields(model: type[Model], returning: Sequence[str]) -> tuple[list[Any], list[Any]]:
@@ -235,24 +271,33 @@ def _insert_fields(model: type[Model], returning: Sequence[str]) -> tuple[list[A
 
 
 def _insert_returning(
-    objs: Sequence[Model], using: str, fields: list[Any], returned: list[Any], notify: str | None
-) -> None:
+    objs: Sequence[Model],
+    using: str,
+    fields: list[Any],
+    returned: list[Any],
+    notify: str | None,
+    only_if: Model | None = None,
+) -> bool:
     connection = connections[using]
     notify = notify if notify is not None and features(using).notify else None
     statement = None
     if len(objs) == 1 and connection.features.can_return_columns_from_insert:
         # The hot path (a put): the statement Django would build, compiled once per shape.
-        statement = _one_row_insert(objs[0], using, fields, returned, notify is not None)
+        statement = _one_row_insert(objs[0], using, fields, returned, notify is not None, only_if)
     if statement is not None:
         obj = objs[0]
-        params = statement.params(obj, connection)
+        params = statement.params(obj, connection, only_if)
         if notify is not None:
             params.append(notify)
         with connection.cursor() as cursor:
             cursor.execute(statement.sql, params)
             row = cursor.fetchone()
+        if row is None:
+            return False  # guarded, and the guard is gone: nothing written
         _set_returned(obj, using, statement.convert(row, connection), returned)
-        return
+        return True
+    if only_if is not None and not _exists(only_if, using):
+        return False
     query = InsertQuery(type(objs[0]))
     query.insert_values(fields, objs)
     compiler = query.get_compiler(using=using)
@@ -262,6 +307,7 @@ def _insert_returning(
     rows = compiler.execute_sql(returned)
     for obj, row in zip(objs, rows, strict=False):
         _set_returned(obj, using, row, returned)
+    return True
 
 
 def _set_returned(obj: Model, using: str, row: Sequence[Any], returned: list[Any]) -> None:
@@ -275,14 +321,25 @@ class _OneRowInsert:
     """A one-row ``INSERT … RETURNING`` as Django's compiler writes it for one shape of row
     (which fields hold :class:`DbNow` values, and whether those have an offset), kept with the
     converters of what it returns. Building the statement costs about as much as a round trip
-    to a local server; a put sends the same few shapes all its life."""
+    to a local server; a put sends the same few shapes all its life. ``guard``: the model
+    of :func:`insert`'s ``only_if`` (its row's key is the statement's last parameter)."""
 
-    def __init__(self, obj: Model, using: str, fields: list[Any], returned: list[Any], notify: bool) -> None:
+    def __init__(
+        self,
+        obj: Model,
+        using: str,
+        fields: list[Any],
+        returned: list[Any],
+        notify: bool,
+        guard: type[Model] | None = None,
+    ) -> None:
         query = InsertQuery(type(obj))
         query.insert_values(fields, [obj])
         compiler = query.get_compiler(using=using)
         compiler.returning_fields = returned
         ((sql, _params),) = compiler.as_sql()
+        if guard is not None:
+            sql = insert_only_if(sql, compiler.connection, guard._meta.db_table, guard._meta.pk.column)
         self.sql = notifying(sql, [], "")[0] if notify else sql
         self.fields = [(field, _shape_of(field, obj)) for field in fields]
         table = type(obj)._meta.db_table
@@ -291,8 +348,9 @@ class _OneRowInsert:
             (index, converters, col) for index, (converters, col) in compiler.get_converters(cols).items()
         ]
 
-    def params(self, obj: Model, connection: Any) -> list[Any]:
-        """The statement's parameters for ``obj``, as the compiler would prepare them."""
+    def params(self, obj: Model, connection: Any, only_if: Model | None = None) -> list[Any]:
+        """The statement's parameters for ``obj`` (and the guard's key), as the compiler would
+        prepare them."""
         params: list[Any] = []
         for field, now in self.fields:
             if now is None:
@@ -300,6 +358,8 @@ class _OneRowInsert:
             else:
                 value = getattr(obj, field.attname)
                 params.extend(getattr(value, f"as_{connection.vendor}")(None, connection)[1])
+        if only_if is not None:
+            params.append(only_if._meta.pk.get_db_prep_value(only_if.pk, connection))
         return params
 
     def convert(self, row: Sequence[Any], connection: Any) -> list[Any]:
@@ -326,7 +386,12 @@ def _shape_of(field: Any, obj: Model) -> bool | None:
 
 
 def _one_row_insert(
-    obj: Model, using: str, fields: list[Any], returned: list[Any], notify: bool
+    obj: Model,
+    using: str,
+    fields: list[Any],
+    returned: list[Any],
+    notify: bool,
+    only_if: Model | None = None,
 ) -> _OneRowInsert | None:
     """The kept statement for ``obj``'s shape; None if a value is an expression other than
     :class:`DbNow` (the compiler handles those)."""
@@ -334,6 +399,7 @@ def _one_row_insert(
         nows = tuple(_shape_of(field, obj) for field in fields)
     except TypeError:
         return None
+    guard = None if only_if is None else type(only_if)
     shape = (
         using,
         type(obj),
@@ -341,10 +407,11 @@ def _one_row_insert(
         tuple(f.attname for f in returned),
         nows,
         notify,
+        guard,
     )
     statement = _one_row_inserts.get(shape)
     if statement is None:
-        statement = _one_row_inserts[shape] = _OneRowInsert(obj, using, fields, returned, notify)
+        statement = _one_row_inserts[shape] = _OneRowInsert(obj, using, fields, returned, notify, guard)
     return statement
 
 

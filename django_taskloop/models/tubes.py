@@ -632,21 +632,25 @@ class Tube(models.Model):
     ) -> None:
         """Write new ``tasks`` as ``put`` does: INSERT … RETURNING (the deadlines the database
         computed) with the wake-up in the same statement. One statement needs no transaction of
-        its own; more (a large ``put_many``) share one, all or nothing. No counter is written:
-        ``calls.put`` is derived (see :meth:`statistics`). ``check_exists=False``: the caller
-        knows the tube exists (inside a transaction a dropped tube would show only at commit).
-        ``along``: rows of other models, each with the fields to read back, written with one
-        task, all or nothing (:func:`engine.insert_together`: one statement on PostgreSQL)."""
+        its own, and inside a caller's transaction it simply joins it: one task's INSERT writes
+        only if the tube is still there (``engine.insert(only_if=…)``), so it needs no look-up
+        first and no savepoint, and a dropped tube raises :class:`NotFound` having written
+        nothing. More tasks (a large ``put_many``) share one transaction, all or nothing. No
+        counter is written: ``calls.put`` is derived (see :meth:`statistics`).
+        ``check_exists=False``: the caller knows the tube exists (for several tasks inside a
+        transaction, where a dropped tube would otherwise show only at commit). ``along``: rows
+        of other models, each with the fields to read back, written with one task, all or
+        nothing (:func:`engine.insert_together`: one statement on PostgreSQL)."""
         using, pk = self._using, self.pk
         chunks = list(engine.batched(tasks, using, per_row=len(Task._meta.concrete_fields)))
         ready = any(task.state == READY for task in tasks)
         returning = ["ttl_at", "event_at"] if self._has_ttl else []
         channel = wakeup.channel(pk) if ready else None
-
-        check_exists = check_exists and connections[using].in_atomic_block
+        guard = self if len(tasks) == 1 else None
+        check_exists = check_exists and guard is None and connections[using].in_atomic_block
         alone = len(chunks) == 1 and not check_exists
 
-        def work() -> None:
+        def work() -> bool:
             if check_exists:
                 # Foreign keys are checked at commit (Django makes them deferrable): inside a
                 # transaction, a put into a dropped tube would fail only at the caller's commit.
@@ -655,16 +659,21 @@ class Tube(models.Model):
                 (task,) = tasks
                 rows = [row for row, _ in along]
                 names = [names for _, names in along]
-                engine.insert_together([*rows, task], using, returning=[*names, returning], notify=channel)
-                return
+                return engine.insert_together(
+                    [*rows, task], using, returning=[*names, returning], notify=channel, only_if=guard
+                )
             for chunk in chunks:
-                engine.insert(chunk, using, returning=returning, notify=channel)
+                if not engine.insert(chunk, using, returning=returning, notify=channel, only_if=guard):
+                    return False
+            return True
 
         try:
-            engine.run_in_transaction(Task, using, work, alone=alone)
+            written = engine.run_in_transaction(Task, using, work, alone=alone)
         except IntegrityError:
             self._ensure_exists()
             raise
+        if not written:
+            raise self._gone()
         if ready:
             transaction.on_commit(lambda: wakeup.notify(using, pk), using=using)
         for task in tasks:
