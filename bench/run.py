@@ -212,17 +212,40 @@ def recreate_database(system: str, db: str, args: argparse.Namespace, results: P
         sql = f"DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name} CHARACTER SET utf8mb4;"
         subprocess.run([*cmd, "-e", sql], check=True)
     else:
-        parts = urlparse(args.postgres)
-        conn = []
-        if parts.hostname:
-            conn += ["-h", parts.hostname]
-        if parts.port:
-            conn += ["-p", str(parts.port)]
-        if parts.username:
-            conn += ["-U", parts.username]
+        conn = _pg_conn(args)
         # --force: a worker left over from an interrupted run must not block the fresh start.
         subprocess.run(["dropdb", "--if-exists", "--force", *conn, name], check=True)
         subprocess.run(["createdb", *conn, name], check=True)
+
+
+def _pg_conn(args: argparse.Namespace) -> list[str]:
+    from urllib.parse import urlparse
+
+    parts = urlparse(args.postgres)
+    conn = []
+    if parts.hostname:
+        conn += ["-h", parts.hostname]
+    if parts.port:
+        conn += ["-p", str(parts.port)]
+    if parts.username:
+        conn += ["-U", parts.username]
+    return conn
+
+
+def pg_autovacuum(args: argparse.Namespace) -> str:
+    """The PostgreSQL server's ``autovacuum`` setting ("on"/"off")."""
+    probe = subprocess.run(
+        ["psql", *_pg_conn(args), "-d", "postgres", "-Atc", "SHOW autovacuum"], capture_output=True, text=True
+    )
+    return probe.stdout.strip() or "?"
+
+
+def vacuum(system: str, args: argparse.Namespace) -> None:
+    """VACUUM ``system``'s PostgreSQL database: a server with autovacuum off (as CI machines
+    here are configured) would otherwise carry every dead row of the earlier scenarios into
+    the later ones, and the systems that process more jobs would pay for it most. Every
+    system alike, before every run."""
+    subprocess.run(["vacuumdb", "-q", *_pg_conn(args), f"bench_{system}"], check=True)
 
 
 # -- running -------------------------------------------------------------------------------
@@ -341,7 +364,13 @@ def idle_targets(table: dict) -> list[str]:
 
 
 def write_report(
-    results: list[dict], out: Path, quick: bool, databases: list[str], elapsed: float, load: str = "?"
+    results: list[dict],
+    out: Path,
+    quick: bool,
+    databases: list[str],
+    elapsed: float,
+    load: str = "?",
+    autovacuum: str | None = None,
 ) -> str:
     table = collect(results)
     procs = sorted({r["processes"] for r in results if r["scenario"] == "drain" and r["processes"]})
@@ -440,7 +469,12 @@ def write_report(
         ("django-taskloop Django Task `enqueue()`", "taskloop", "task_rate", None),
         ("django-taskloop `put` × N in one `atomic()`", "taskloop", "atomic_rate", None),
         *((LABELS[p], p, "rate", None) for p in ("tasksdb", "q2", "djqueue")),
-        ("raw SQL: one INSERT per job in autocommit (the limit of one durable write per call)", "raw", "rate", None),
+        (
+            "raw SQL: one INSERT per job in autocommit (the limit of one durable write per call)",
+            "raw",
+            "rate",
+            None,
+        ),
     ]
     for label, system, single_field, bulk_field in enqueue_rows:
         cells = []
@@ -631,6 +665,15 @@ def write_report(
         "`fifottl` tube, batch 100) and `@board` workers the same way (batch 100: `claim_many` + "
         "`consume_many`); the loop and the board's `claim_next` + `consume` call the facades from N forked "
         "processes.",
+        *(
+            [
+                f"- PostgreSQL's autovacuum is {autovacuum} on this server; each system's database is "
+                "`VACUUM`ed before every run (`vacuumdb`, every system alike), so that no scenario carries "
+                "the dead rows of the ones before it (the raw-SQL baseline makes its table afresh every run)."
+            ]
+            if autovacuum is not None
+            else []
+        ),
         "- The raw-SQL limit (`bench/raw_baseline.py`): claim with `SELECT … FOR UPDATE SKIP LOCKED` + "
         "`UPDATE`, commit, run, `DELETE`, commit; batch 1 and batch 100; its idle worker polls every 5 ms.",
         "- Peers with their defaults: django-tasks-db's `db_worker --batch` × N (`--interval 0.1` while "
@@ -754,6 +797,7 @@ def main() -> None:
             saved["databases"],
             saved["elapsed"],
             saved.get("load", "?"),
+            saved.get("autovacuum"),
         )
         plot(saved["results"], out, saved["databases"])
         return
@@ -771,6 +815,7 @@ def main() -> None:
     log = open(out / "run.log", "w")  # noqa: SIM115
     record_dir = out / "records"
     prepared: set[tuple[str, str]] = set()
+    autovacuum = pg_autovacuum(args) if "postgres" in databases else None
     for step in steps:
         url = database_url(step.system, step.database, args, out)
         if (step.system, step.database) not in prepared:
@@ -778,6 +823,8 @@ def main() -> None:
             setup_system(step.system, step.database, url, record_dir, log)
             prepared.add((step.system, step.database))
         for i in range(step.repeats):
+            if step.database == "postgres":
+                vacuum(step.system, args)
             t0 = time.monotonic()
             try:
                 r = run_once(step, url, record_dir, log)
@@ -812,6 +859,7 @@ def main() -> None:
                     "databases": databases,
                     "elapsed": elapsed,
                     "load": load,
+                    "autovacuum": autovacuum,
                     "results": results,
                 },
                 indent=1,
@@ -819,7 +867,7 @@ def main() -> None:
         )
     elapsed = time.monotonic() - started
     load = f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
-    write_report(results, out, args.quick, databases, elapsed, load)
+    write_report(results, out, args.quick, databases, elapsed, load, autovacuum)
     png = plot(results, out, databases)
     print(f"\n{len(results)} results in {elapsed / 60:.1f} minutes: {out / 'report.md'}, {png}")
 

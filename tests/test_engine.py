@@ -191,7 +191,9 @@ def test_insert_together_only_if_writes_no_row_when_the_guard_is_gone():
     Task.objects.all().delete()
     Tube.objects.filter(pk=tube.pk).delete()
     with transaction.atomic():
-        assert not engine.insert_together([lost, orphan], "default", returning=[["enqueued_at"], []], only_if=tube)
+        assert not engine.insert_together(
+            [lost, orphan], "default", returning=[["enqueued_at"], []], only_if=tube
+        )
         assert TaskRecord.objects.count() == 1  # the transaction is usable: nothing was written
     assert list(TaskRecord.objects.values_list("pk", flat=True)) == [record.pk]
     assert Task.objects.count() == 0
