@@ -32,7 +32,6 @@ from .vendor import (
     data_files,
     db_now,
     features,
-    insert_only_if,
     is_retryable,
     notifying,
     take_write_lock,
@@ -162,10 +161,12 @@ def insert(
     the rows within one statement's size (:func:`batched`).
 
     ``only_if``: a saved instance (of any model) that must still exist for the one row of
-    ``objs`` to be written, checked by the INSERT itself (``INSERT … SELECT … WHERE EXISTS``).
-    Returns whether the rows were written. Where foreign keys are checked only at commit
-    (PostgreSQL, SQLite), this says at once that a parent is gone, and writes nothing, without
-    a look-up before the INSERT or a savepoint around it.
+    ``objs`` to be written, checked by the INSERT itself (``INSERT … SELECT … FROM`` its table).
+    Returns whether the rows were written. Inside a transaction, where foreign keys are checked
+    only at commit (PostgreSQL, SQLite) or a failed statement spoils it (PostgreSQL), this says
+    at once that a parent is gone, and writes nothing, without a look-up before the INSERT or a
+    savepoint around it. (On MySQL/MariaDB an ``INSERT … SELECT`` takes the table's
+    auto-increment lock for the statement: outside a transaction the foreign key does the job.)
     """
     if not objs:
         return True
@@ -317,6 +318,20 @@ def _set_returned(obj: Model, using: str, row: Sequence[Any], returned: list[Any
     obj._state.db = using
 
 
+def _only_if(sql: str, connection: Any, guard: type[Model]) -> str:
+    """Turn a one-row ``INSERT … VALUES (…) [RETURNING …]`` into ``INSERT … SELECT … FROM
+    <guard's table> WHERE <its key> = %s [RETURNING …]``: the same statement, which writes
+    its row only while that row exists (one more parameter, after the statement's own). The
+    same text on every database; it costs the planner less than ``WHERE EXISTS (…)``."""
+    start = sql.index(" VALUES (")
+    end = sql.find(" RETURNING ")
+    close = sql.rindex(")", 0, len(sql) if end < 0 else end)
+    values = sql[start + len(" VALUES (") : close]
+    qn = connection.ops.quote_name
+    table, key = qn(guard._meta.db_table), qn(guard._meta.pk.column)
+    return f"{sql[:start]} SELECT {values} FROM {table} WHERE {table}.{key} = %s{sql[close + 1 :]}"
+
+
 class _OneRowInsert:
     """A one-row ``INSERT … RETURNING`` as Django's compiler writes it for one shape of row
     (which fields hold :class:`DbNow` values, and whether those have an offset), kept with the
@@ -339,7 +354,7 @@ class _OneRowInsert:
         compiler.returning_fields = returned
         ((sql, _params),) = compiler.as_sql()
         if guard is not None:
-            sql = insert_only_if(sql, compiler.connection, guard._meta.db_table, guard._meta.pk.column)
+            sql = _only_if(sql, compiler.connection, guard)
         self.sql = notifying(sql, [], "")[0] if notify else sql
         self.fields = [(field, _shape_of(field, obj)) for field in fields]
         table = type(obj)._meta.db_table

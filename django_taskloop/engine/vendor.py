@@ -170,24 +170,6 @@ def is_retryable(error: BaseException, using: str) -> bool:
     return False
 
 
-def insert_only_if(sql: str, connection: Any, table: str, column: str) -> str:
-    """Turn a one-row ``INSERT … VALUES (…) [RETURNING …]`` into an ``INSERT … SELECT …`` that
-    writes its row only if ``table`` has a row whose ``column`` equals one more parameter
-    (added after the statement's own): the same statement, which now writes nothing (and
-    returns no row) when that row is gone. MySQL/MariaDB need ``FROM DUAL`` before a
-    ``WHERE`` with no table."""
-    start = sql.index(" VALUES (")
-    end = sql.find(" RETURNING ")
-    close = sql.rindex(")", 0, len(sql) if end < 0 else end)
-    values = sql[start + len(" VALUES (") : close]
-    dual = " FROM DUAL" if connection.vendor == "mysql" else ""
-    qn = connection.ops.quote_name
-    return (
-        f"{sql[:start]} SELECT {values}{dual} WHERE EXISTS "
-        f"(SELECT 1 FROM {qn(table)} WHERE {qn(column)} = %s){sql[close + 1 :]}"
-    )
-
-
 def notifying(sql: str, params: Any, channel: str) -> tuple[str, list[Any]]:
     """Wrap a data-changing statement with ``RETURNING`` so that it also sends a PostgreSQL
     ``NOTIFY`` on ``channel`` (once, at its commit): one round trip for both."""

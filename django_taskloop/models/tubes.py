@@ -646,8 +646,10 @@ class Tube(models.Model):
         ready = any(task.state == READY for task in tasks)
         returning = ["ttl_at", "event_at"] if self._has_ttl else []
         channel = wakeup.channel(pk) if ready else None
-        guard = self if len(tasks) == 1 else None
-        check_exists = check_exists and guard is None and connections[using].in_atomic_block
+        inside = connections[using].in_atomic_block
+        # Outside a transaction the foreign key says at once that the tube is gone (below).
+        guard = self if len(tasks) == 1 and inside else None
+        check_exists = check_exists and guard is None and inside
         alone = len(chunks) == 1 and not check_exists
 
         def work() -> bool:
