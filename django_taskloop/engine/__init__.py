@@ -183,10 +183,9 @@ def insert(
         return _insert_returning(objs, using, fields, returned, notify, only_if)
     # MySQL: no RETURNING. One INSERT per row for its key, then read back what the database
     # computed.
-    if only_if is not None and not _exists(only_if, using):
-        return False
     for obj in objs:
-        _insert_returning([obj], using, fields, [opts.pk], notify)
+        if not _insert_returning([obj], using, fields, [opts.pk], notify, only_if):
+            return False  # (only_if holds one row)
     if returning:
         by_pk = model._base_manager.db_manager(using).only(*returning).in_bulk([obj.pk for obj in objs])
         for obj in objs:
