@@ -124,6 +124,53 @@ def test_init_signal_listeners_still_hear_claimed_instances():
     assert sorted(heard) == sorted(t.pk for t in taken)
 
 
+def test_a_kept_claim_makes_its_task_instances_after_the_commit(vendor):
+    """Turning a batch's rows into Task instances costs more than the claim statement: it
+    happens once the transaction has committed (on SQLite no other writer waits for it)."""
+    tube = Tube.objects.create_tube("after", "fifottl", ttr=60)
+    tube.put_many([{"n": n} for n in range(12)])
+    made_in_transaction = []
+
+    def listener(sender, instance, **kwargs):
+        made_in_transaction.append(connection.in_atomic_block)
+
+    first = tube.take_many(4, consumer="w")
+    signals.post_init.connect(listener, sender=Task)
+    try:
+        taken = tube.take_many(4, consumer="w")  # the kept statement
+        acked, more = tube.ack_and_take([t.pk for t in first + taken], 4, consumer="w")
+    finally:
+        signals.post_init.disconnect(listener, sender=Task)
+    assert [t.data for t in taken] == [{"n": n} for n in range(4, 8)]
+    assert acked == 8 and [t.data for t in more] == [{"n": n} for n in range(8, 12)]
+    assert len(made_in_transaction) == 8
+    if vendor != "mysql":  # MariaDB has no UPDATE … RETURNING: the ORM's claim reads them back
+        assert not any(made_in_transaction)
+
+
+def test_claim_later_gives_the_same_rows_as_instances_made_once():
+    tube = Tube.objects.create_tube("later", "fifo")
+    tube.put_many(list(range(6)))
+    tasks = tube._tasks()
+    kwargs = {
+        "claimable": tube._claimable(),
+        "order_by": tube._order(),
+        "changes": {"state": "t", "owner": "w"},
+        "fetch": True,
+    }
+    for direct, key in ((True, ("later-test", "kept")), (False, None)):
+        claimed = engine.claim(tasks, limit=3, direct=direct, key=key, later=True, **kwargs)
+        assert isinstance(claimed, engine.Claimed) and len(claimed) == 3
+        objs = claimed.instances()
+        assert claimed.instances() is objs
+        assert [t.owner for t in objs] == ["w"] * 3
+        assert [t.pk for t in objs] == sorted(t.pk for t in objs)
+    assert sorted(Task.objects.filter(owner="w").values_list("data", flat=True)) == list(range(6))
+    assert (
+        len(engine.claim(tasks, limit=3, direct=True, key=("later-test", "kept"), later=True, **kwargs)) == 0
+    )
+
+
 def test_delete_pks_deletes_only_the_filtered_rows_and_keeps_filters_apart():
     tube = Tube.objects.create_tube("del", "fifo")
     tasks = tube.put_many(list(range(6)))

@@ -36,6 +36,7 @@ from .vendor import (
     notifying,
     take_write_lock,
     to_datetime,
+    writers_in_turn,
 )
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "insert",
     "insert_together",
     "claim",
+    "Claimed",
     "delete_pks",
     "delete_and_claim",
     "add_to",
@@ -124,8 +126,15 @@ def run_in_transaction(
             if alone:
                 # As save() does: inside a caller's transaction an error marks it for rollback.
                 with transaction.mark_for_rollback_on_error(using):
+                    if not outermost:
+                        return work()
+                    with writers_in_turn(using):
+                        return work()
+            if not outermost:
+                with write_transaction(model, using, savepoint=savepoint, lock_first=lock_first):
                     return work()
-            with write_transaction(model, using, savepoint=savepoint, lock_first=lock_first):
+            # SQLite: our own writers queue for the write lock (see writers_in_turn).
+            with writers_in_turn(using), write_transaction(model, using, lock_first=lock_first):
                 return work()
         except DatabaseError as error:
             if not is_retryable(error, using):
@@ -453,7 +462,8 @@ def claim(
     overfetch: int = 2,
     direct: bool = False,
     key: Hashable | None = None,
-) -> list[Any]:
+    later: bool = False,
+) -> Any:
     """Claim up to ``limit`` rows of ``queryset`` that match ``claimable``, best first.
 
     ``order_by`` is the claim order (it must end in a unique column, and an index should serve
@@ -473,7 +483,33 @@ def claim(
     SKIP LOCKED) RETURNING …``, compiled the first time and kept under ``key``: a worker's
     batches pay neither the ORM's query building nor a second round trip. ``claimable`` and
     ``changes`` may then be given as functions that build them, called only when needed.
+
+    ``later`` (with ``fetch``): return a :class:`Claimed`, whose instances the caller makes
+    once its transaction has committed. Turning a batch of rows into instances costs more
+    than the statement that claimed them; on SQLite, every other writer waits while it
+    happens inside the transaction.
     """
+    if later:
+        statement = _kept_claim_for(queryset, limit, claimable, order_by, changes, fetch, direct, key)
+        if statement is None:
+            return Claimed(
+                claim(
+                    queryset,
+                    limit=limit,
+                    claimable=claimable,
+                    order_by=order_by,
+                    changes=changes,
+                    fetch=fetch,
+                    overfetch=overfetch,
+                    direct=direct,
+                    key=key,
+                )
+            )
+        using = queryset.db
+        rows = run_in_transaction(
+            queryset.model, using, lambda: statement.rows(using), savepoint=False, lock_first=False
+        )
+        return Claimed(rows, lambda rows: statement.finish(using, rows))
     if limit <= 0:
         return []
     # A limit beyond any table's size means "all of them"; larger ones overflow SQL's LIMIT
@@ -481,13 +517,12 @@ def claim(
     limit = min(limit, MAX_LIMIT)
     model = queryset.model
     using = queryset.db
-    if key is not None and direct and fetch and features(using).update_returning:
-        statement = _kept_claim(queryset, limit, claimable, order_by, changes, key)
-        if statement is not None:
-            # One statement that writes: SQLite's write lock needs no taking first.
-            return run_in_transaction(
-                model, using, lambda: statement.run(using), savepoint=False, lock_first=False
-            )
+    statement = _kept_claim_for(queryset, limit, claimable, order_by, changes, fetch, direct, key)
+    if statement is not None:
+        # One statement that writes: SQLite's write lock needs no taking first.
+        return run_in_transaction(
+            model, using, lambda: statement.run(using), savepoint=False, lock_first=False
+        )
     claimable = claimable() if callable(claimable) else claimable
     changes = changes() if callable(changes) else changes
     base = queryset.filter(claimable).order_by(*order_by)
@@ -555,6 +590,45 @@ def claim(
     # Rivals held every candidate (they all read the same head of the queue). Let the index
     # scan itself skip what is locked: it finds free rows whenever there are any.
     return run_in_transaction(model, using, lambda: lock_and_write(base), savepoint=False)
+
+
+def _kept_claim_for(
+    queryset: QuerySet[Any],
+    limit: int,
+    claimable: Q | Callable[[], Q],
+    order_by: Sequence[Any],
+    changes: dict[str, Any] | Callable[[], dict[str, Any]],
+    fetch: bool,
+    direct: bool,
+    key: Hashable | None,
+) -> _ClaimStatement | None:
+    """The one-statement claim that :func:`claim` sends for these arguments, if it sends one."""
+    if limit <= 0 or key is None or not (direct and fetch) or not features(queryset.db).update_returning:
+        return None
+    return _kept_claim(queryset, min(limit, MAX_LIMIT), claimable, order_by, changes, key)
+
+
+class Claimed:
+    """Claimed rows (see :func:`claim`'s ``later``): ``len()`` at once, ``instances()``, made
+    the first time it is called and then kept, in the claim's order."""
+
+    __slots__ = ("_rows", "_finish", "_objs")
+
+    def __init__(
+        self, rows: Sequence[Any], finish: Callable[[Sequence[Any]], list[Any]] | None = None
+    ) -> None:
+        self._rows = rows
+        self._finish = finish
+        self._objs: list[Any] | None = None if finish is not None else list(rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def instances(self) -> list[Any]:
+        if self._objs is None:
+            assert self._finish is not None
+            self._objs = self._finish(self._rows)
+        return self._objs
 
 
 def _joins(query: Query) -> bool:
@@ -711,10 +785,13 @@ class _ClaimStatement:
         return cls(sql, params, _Instances(model, compiler), order)
 
     def run(self, using: str) -> list[Model]:
+        return self.finish(using, self.rows(using))
+
+    def rows(self, using: str) -> list[tuple[Any, ...]]:
+        """Send the claim; return its rows as the database gives them (see :meth:`finish`)."""
         with connections[using].cursor() as cursor:
             cursor.execute(self.sql, self.params)
-            rows = cursor.fetchall()
-        return self.finish(using, rows)
+            return cursor.fetchall()
 
     def finish(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
         """The claimed rows as instances, in the claim's order (``RETURNING`` gives them in

@@ -160,6 +160,8 @@ _callbacks: dict[tuple[str, int], Callable[[Task, str], Any]] = {}
 _beats: dict[tuple[str, str], float] = {}
 _stale_checks: dict[tuple[str, int], float] = {}
 _due_checks: dict[tuple[str, int], float] = {}
+#: Each tube's base queryset of its tasks, by (database, tube id) (see Tube._tasks).
+_task_querysets: dict[tuple[str, int], models.QuerySet[Task]] = {}
 
 
 def _reset_after_fork() -> None:
@@ -412,7 +414,17 @@ class Tube(models.Model):
         return self.type in UTUBE_TYPES
 
     def _tasks(self) -> models.QuerySet[Task]:
-        return Task.objects.using(self._using).filter(tube_id=self.pk)
+        """This tube's tasks: a fresh queryset each call (``all()`` of one built once; a
+        worker's batches ask for it twice each, and building the filter costs more than
+        the statements it names)."""
+        key = (self._using, self.pk)
+        base = _task_querysets.get(key)
+        if base is None:
+            if len(_task_querysets) >= 1024:
+                _task_querysets.clear()
+            # Never evaluated itself (only its clones are), so it holds no rows.
+            base = _task_querysets[key] = Task.objects.using(key[0]).filter(tube_id=key[1])
+        return base.all()
 
     def _exists(self) -> bool:
         return Tube.objects.using(self._using).filter(pk=self.pk).exists()
@@ -884,12 +896,14 @@ class Tube(models.Model):
         claimable = self._claimable if kept else self._claimable()
         writes = changes if kept else changes()
 
-        def work() -> tuple[int, list[Task]]:
+        watched = (self._using, self.pk) in _callbacks
+
+        def work() -> tuple[int, engine.Claimed]:
             acked = self._ack_rows(ack, consumer) if ack else 0
             # utube: the claimable rows are the sub-queue heads, so one batch never holds two
             # tasks of one sub-queue. A batch claim scans the claim index itself (no candidate
             # read first): with SKIP LOCKED it finds free rows past what rivals hold.
-            tasks = engine.claim(
+            claimed = engine.claim(
                 self._tasks(),
                 limit=limit,
                 claimable=claimable,
@@ -898,14 +912,16 @@ class Tube(models.Model):
                 fetch=True,
                 direct=limit > 1,
                 key=self._kept_key("take", consumer),
+                later=True,
             )
-            self._count(take=len(tasks), ack=acked, done=acked)
-            for task in tasks:
-                self._emit(task, "take")
-            return acked, tasks
+            self._count(take=len(claimed), ack=acked, done=acked)
+            if watched:
+                for task in claimed.instances():
+                    self._emit(task, "take")
+            # Otherwise the rows become Task instances after the commit (engine.claim's later).
+            return acked, claimed
 
-        watched = (self._using, self.pk) in _callbacks
-        if ack and kept and not watched:
+        if ack and kept and not watched and engine.features(self._using).modifying_with:
             # PostgreSQL: the acknowledgement, the claim and the counters as one statement.
             together = engine.run_in_transaction(
                 Task,
@@ -937,13 +953,14 @@ class Tube(models.Model):
         writes_first = bool(ack) and not watched
         for attempt in range(5):
             try:
-                acked, tasks = self._run(work, lock_first=not writes_first)
+                acked, claimed = self._run(work, lock_first=not writes_first)
             except IntegrityError:
                 # utube: a rival took another task of the same sub-queue first (the unique
                 # taken_key refused ours), or a stale holder still blocks it. Look again.
                 if attempt >= 1:
                     self.tidy()
                 continue
+            tasks = claimed.instances()
             if not tasks and not acked:
                 self._ensure_exists()
             return tasks if ack is None else (acked, tasks)

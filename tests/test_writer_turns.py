@@ -1,0 +1,111 @@
+"""SQLite lets one writer in at a time, and a writer that finds the lock taken sleeps in its
+busy handler (1, 2, 5 … 100 ms at a time) without knowing when the lock comes free. Our own
+write transactions queue for it instead, on a lock of a file beside the database
+(engine.writers_in_turn), which the kernel hands to the next writer the moment it is let go.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+
+import pytest
+from django.db import connections, transaction
+
+from django_taskloop import engine
+from django_taskloop.models import Task, Tube
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _turn_path() -> str:
+    return engine.data_files("default")[0] + "-taskloop-turn"
+
+
+def _turn_is_free() -> bool:
+    """Whether a writer could take the turn now (another open of the file: another holder)."""
+    fd = os.open(_turn_path(), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing lets go of a lock taken here
+    return True
+
+
+@pytest.fixture
+def sqlite_file(vendor):
+    if vendor != "sqlite":
+        pytest.skip("the turn file is SQLite's")
+
+
+def test_other_databases_take_no_turn(vendor):
+    if vendor == "sqlite":
+        pytest.skip("SQLite takes one (the tests below)")
+    assert engine.data_files("default") == []
+    tube = Tube.objects.create_tube("t", "fifo")
+    tube.put(1)
+    assert engine.run_in_transaction(Task, "default", lambda: tube.take_many(1, consumer="w"))
+
+
+def test_a_write_transaction_holds_the_turn_until_it_commits(sqlite_file):
+    tube = Tube.objects.create_tube("t", "fifo")
+    tube.put("a")
+    seen = []
+    engine.run_in_transaction(Task, "default", lambda: seen.append(_turn_is_free()))
+    # A one-statement write in autocommit (a put) takes its turn too.
+    engine.run_in_transaction(Task, "default", lambda: seen.append(_turn_is_free()), alone=True)
+    assert seen == [False, False]
+    assert _turn_is_free()
+    # Inside a caller's transaction the caller's commit ends the write, not ours: no turn.
+    with transaction.atomic():
+        engine.run_in_transaction(Task, "default", lambda: seen.append(_turn_is_free()))
+        tube.put("b")
+        seen.append(_turn_is_free())
+    assert seen[2:] == [True, True]
+    assert Task.objects.count() == 2
+
+
+def test_the_turn_is_let_go_when_the_work_fails(sqlite_file):
+    def fail():
+        raise ValueError("no")
+
+    with pytest.raises(ValueError):
+        engine.run_in_transaction(Task, "default", fail)
+    assert _turn_is_free()
+
+
+def _write_when_told(tube_id: int, go: multiprocessing.Event, done: multiprocessing.Event) -> None:
+    go.wait(30)
+    Tube.objects.get(pk=tube_id).put("child")
+    done.set()
+    connections.close_all()
+
+
+def test_a_forked_child_waits_for_its_parents_turn(sqlite_file):
+    """A lock belongs to the open file: a child that kept the descriptor it inherited would
+    hold its parent's turn too, and write while the parent is mid-transaction."""
+    tube = Tube.objects.create_tube("t", "fifo")
+    tube.put("warm")  # this process has opened its turn file: the child inherits it
+    connections.close_all()
+    ctx = multiprocessing.get_context("fork")
+    go, done = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_write_when_told, args=(tube.pk, go, done))
+    child.start()
+    waited = []
+
+    def work():
+        # The turn is held, the database's own write lock not yet (nothing written here):
+        # only the turn keeps the child waiting.
+        go.set()
+        waited.append(not done.wait(1.0))
+        tube.put("parent")
+
+    engine.run_in_transaction(Task, "default", work, lock_first=False)
+    assert done.wait(30), "the child never wrote"
+    child.join(30)
+    assert child.exitcode == 0
+    assert waited == [True], "the child wrote while the parent held the turn"
+    assert sorted(Task.objects.values_list("data", flat=True)) == ["child", "parent", "warm"]
