@@ -7,10 +7,11 @@ on PostgreSQL and SQLite; MariaDB (no ``UPDATE … RETURNING``) keeps the lockin
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
-from django.db import connection, connections
+from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import Q, signals
 from django.test.utils import CaptureQueriesContext
 
@@ -210,6 +211,35 @@ def test_task_timer_indexes_are_partial_where_the_database_has_them(vendor):
         assert "WHERE" in definition.upper() and "NOT NULL" in definition.upper()
     # MySQL gets plain indexes, and no system check warns about conditions it would ignore.
     assert not [m for m in Task.check(databases=["default"]) if m.id == "models.W037"]
+
+
+def test_one_taken_task_per_sub_queue_is_a_unique_index_of_taken_utube_tasks_only(vendor):
+    """Only a taken utube task has a taken_key: the unique index holds no other task where
+    indexes can be partial, and still refuses a second taken task of a sub-queue everywhere."""
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, Task._meta.db_table)
+    unique = constraints["taskloop_task_utube_taken"]
+    assert unique["unique"] and unique["columns"] == ["tube_id", "taken_key"]
+    if vendor != "mysql":
+        with connection.cursor() as cursor:
+            if vendor == "postgresql":
+                cursor.execute(
+                    "SELECT indexdef FROM pg_indexes WHERE indexname = 'taskloop_task_utube_taken'"
+                )
+            else:
+                cursor.execute("SELECT sql FROM sqlite_master WHERE name = 'taskloop_task_utube_taken'")
+            (definition,) = cursor.fetchone()
+        assert definition.upper().startswith("CREATE UNIQUE INDEX")
+        assert re.search(r'WHERE \(?"?taken_key"? IS NOT NULL', definition, re.IGNORECASE), definition
+    tube = Tube.objects.create_tube("one-each", "utube")
+    tube.put_many(["a1", "a2"], utube="a")
+    (first,) = tube.take_many(5, consumer="w")
+    assert first.data == "a1" and first.taken_key
+    second = Task.objects.get(data="a2")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Task.objects.filter(pk=second.pk).update(state="t", owner="x", taken_key=first.taken_key)
+    # Tasks without a taken_key never collide.
+    assert Task.objects.filter(tube=tube, taken_key__isnull=True).count() == 1
 
 
 def _drain(tube_pk: int, who: int) -> list[int]:

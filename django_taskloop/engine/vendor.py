@@ -257,23 +257,40 @@ class PartialIndex(Index):
     belongs to. Unlike ``Index(condition=...)``, MySQL gets the plain index without a system
     check warning (models.W037). Queries it serves must imply ``where`` (``x = …``, ``x <= …``
     imply ``x IS NOT NULL``).
+
+    ``unique=True``: a unique index, for a uniqueness that matters only among the rows
+    matching ``where`` — e.g. a column that is NULL in most rows: NULLs never collide, yet on
+    every database each of them is an index entry to write. (A ``UniqueConstraint`` with a
+    ``condition`` would give MySQL no index at all.)
     """
 
-    def __init__(self, *args: Any, where: Q, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, where: Q, unique: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.where = where
+        self.unique = unique
 
     def deconstruct(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
         path, args, kwargs = super().deconstruct()
         kwargs["where"] = self.where
+        if self.unique:
+            kwargs["unique"] = True
         return path, args, kwargs
 
     def __eq__(self, other: object) -> bool:
-        return super().__eq__(other) and getattr(other, "where", None) == self.where
+        return (
+            super().__eq__(other)
+            and getattr(other, "where", None) == self.where
+            and getattr(other, "unique", False) == self.unique
+        )
 
     __hash__ = Index.__hash__
 
     def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        if self.unique:
+            # The backend's own CREATE INDEX template (its USING, INCLUDE and WHERE parts).
+            template = schema_editor.sql_create_index
+            assert template.startswith("CREATE INDEX "), template
+            kwargs["sql"] = "CREATE UNIQUE INDEX " + template[len("CREATE INDEX ") :]
         if not schema_editor.connection.features.supports_partial_indexes:
             return super().create_sql(model, schema_editor, using=using, **kwargs)
         self.condition = self.where

@@ -1356,9 +1356,14 @@ class Task(models.Model):
             # The admin's date-range filter on created: without it a range that matches few
             # rows scans the whole table (1.5 s at a million tasks on MariaDB).
             models.Index(fields=["created"], name="taskloop_task_created"),
-        ]
-        constraints = [
-            models.UniqueConstraint(fields=["tube", "taken_key"], name="taskloop_task_utube_taken"),
+            # One taken task per utube sub-queue. Only taken utube tasks have a taken_key:
+            # partial (PostgreSQL, SQLite), the others write no entry when put or acknowledged.
+            engine.PartialIndex(
+                fields=["tube", "taken_key"],
+                name="taskloop_task_utube_taken",
+                where=Q(taken_key__isnull=False),
+                unique=True,
+            ),
         ]
 
     def __str__(self) -> str:
