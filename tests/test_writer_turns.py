@@ -68,6 +68,20 @@ def test_a_write_transaction_holds_the_turn_until_it_commits(sqlite_file):
     assert Task.objects.count() == 2
 
 
+def test_the_on_commit_hooks_run_with_the_turn_free(sqlite_file):
+    """A hook (a tube's on_task_change callback, say) may take long or write itself: the next
+    writer's turn comes at the commit, not after the hooks."""
+    seen = []
+
+    def work():
+        transaction.on_commit(lambda: seen.append(_turn_is_free()))
+        Tube.objects.create_tube("t", "fifo").put("a")
+
+    engine.run_in_transaction(Task, "default", work)
+    assert seen == [True]
+    assert _turn_is_free() and Task.objects.count() == 1
+
+
 def test_the_turn_is_let_go_when_the_work_fails(sqlite_file):
     def fail():
         raise ValueError("no")

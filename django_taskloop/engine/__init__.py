@@ -133,8 +133,10 @@ def run_in_transaction(
             if not outermost:
                 with write_transaction(model, using, savepoint=savepoint, lock_first=lock_first):
                     return work()
-            # SQLite: our own writers queue for the write lock (see writers_in_turn).
-            with writers_in_turn(using), write_transaction(model, using, lock_first=lock_first):
+            # SQLite: our own writers queue for the write lock (see writers_in_turn), and the
+            # next one's turn comes at the commit, before the on_commit hooks run.
+            with writers_in_turn(using) as let_go, write_transaction(model, using, lock_first=lock_first):
+                transaction.on_commit(let_go, using=using)
                 return work()
         except DatabaseError as error:
             if not is_retryable(error, using):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -186,8 +186,13 @@ def _turn_file(database: str) -> int | None:
     return fds[database]
 
 
+def _let_go(fd: int | None) -> None:
+    if fd is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
 @contextmanager
-def writers_in_turn(using: str) -> Iterator[None]:
+def writers_in_turn(using: str) -> Iterator[Callable[[], None]]:
     """On SQLite (a database file), hold an exclusive lock on a file beside the database for
     the time of a write transaction; elsewhere, nothing.
 
@@ -198,17 +203,21 @@ def writers_in_turn(using: str) -> Iterator[None]:
     and four processes drain slower than one. Waiting for the turn file instead, the kernel
     wakes the next writer the moment the last one lets go. Writers that do not take turns
     (other programs, Django's own saves) still meet SQLite's busy handler, as before.
+
+    It gives a function that lets go of the turn before the block ends (a transaction's
+    first ``on_commit`` hook: the hooks after it run with the turn free); letting go twice
+    is harmless.
     """
     files = data_files(using) if fcntl is not None else []
     fd = _turn_file(files[0]) if files else None
     if fd is None:
-        yield
+        yield lambda: None
         return
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        yield
+        yield lambda: _let_go(fd)
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        _let_go(fd)
 
 
 def is_retryable(error: BaseException, using: str) -> bool:
