@@ -9,6 +9,7 @@ import time
 
 import pytest
 from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 
 from django_taskloop.exceptions import NotFound, NotTaken, TaskloopError, TubeError
 from django_taskloop.models import Task, Tube
@@ -858,3 +859,59 @@ def test_eight_consumers_ack_every_task_once_and_never_share_a_sub_queue(vendor)
         for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
             assert end <= start, f"sub-queue {key!r} had two taken tasks at once"
     connections.close_all()
+
+
+# -- the worker's driver: keeping its in-flight tasks' leases -----------------------------------
+
+
+def _tube_driver(tube: Tube, consumer: str) -> object:
+    from django_taskloop.workers import Handler
+    from django_taskloop.workers.drivers import TubeDriver
+
+    driver = TubeDriver(
+        Handler("tube", tube.name, lambda task: None, tube.name, batch=10, lease=60), consumer
+    )
+    driver.tube = tube
+    return driver
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workers_heartbeat_touches_its_timed_tasks_in_one_statement():
+    """Each beat pushes the deadline of every task the worker holds: one UPDATE for them all
+    (it was one transaction per task: 100 in flight, 100 transactions a beat, every beat)."""
+    tube = Tube.objects.create_tube("beats", "fifottl", ttr=30)
+    tube.put_many(list(range(6)))
+    driver = _tube_driver(tube, "w")
+    tasks = tube.take_many(5, consumer="w")
+    lost = tasks[4]
+    tube.release(lost.pk, consumer="w")  # no longer ours: skipped
+    before = dict(Task.objects.filter(state="t").values_list("pk", "event_at"))
+    with CaptureQueriesContext(connection) as queries:
+        driver.renew(tasks)
+    writes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    assert len([w for w in writes if "taskloop_task" in w.split("SET")[0]]) == 1, writes
+    after = {
+        pk: (at, ttr) for pk, at, ttr in Task.objects.filter(state="t").values_list("pk", "event_at", "ttr")
+    }
+    assert set(after) == {t.pk for t in tasks[:4]}
+    for pk, (event_at, ttr) in after.items():
+        assert (event_at - before[pk]).total_seconds() == pytest.approx(driver.beat_every, abs=0.01)
+        assert ttr == pytest.approx(30 + driver.beat_every)
+    assert Task.objects.get(pk=lost.pk).state == "r"
+    assert tube.statistics()["calls"]["touch"] == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workers_heartbeat_leaves_tasks_without_a_deadline_alone():
+    """A task with no ttr and no ttl has no deadline to push: a beat writes nothing for it."""
+    tube = Tube.objects.create_tube("untimed", "fifottl")
+    tube.put_many([1, 2, 3])
+    driver = _tube_driver(tube, "w")
+    tasks = tube.take_many(3, consumer="w")
+    assert all(t.event_at is None and t.ttl_at is None for t in tasks)
+    with CaptureQueriesContext(connection) as queries:
+        driver.renew(tasks)
+    assert not [
+        q for q in queries.captured_queries if "taskloop_task" in q["sql"].replace("taskloop_tube", "")
+    ]
+    assert tube.statistics()["calls"]["touch"] == 0

@@ -1123,6 +1123,42 @@ class Tube(models.Model):
 
         return self._run(work)
 
+    def _touch_held(self, task_ids: list[int], increment: float, consumer: str) -> int:
+        """:meth:`touch` each task of ``task_ids`` that ``consumer`` still holds by
+        ``increment`` seconds, in one statement: a worker's heartbeat for its tasks in flight.
+        Tasks it no longer holds (acknowledged, released, or whose ttr ran out) are left
+        alone. Return how many were touched."""
+        if not task_ids or not self._has_ttl:
+            return 0
+        if (self._using, self.pk) in _callbacks:
+            # Watched: each touch is told, with the task as it is after it.
+            touched = 0
+            for task_id in task_ids:
+                try:
+                    self.touch(task_id, increment, consumer=consumer)
+                    touched += 1
+                except (NotTaken, NotFound):
+                    pass
+            return touched
+        self._beat(consumer)
+        held = self._held(consumer)
+
+        def work() -> int:
+            touched = sum(
+                self._tasks()
+                .filter(held, pk__in=chunk)
+                .update(
+                    ttl_at=_Shifted(increment, F("ttl_at")),
+                    event_at=_Shifted(increment, F("event_at")),
+                    ttr=F("ttr") + increment,
+                )
+                for chunk in engine.batched(task_ids, self._using)
+            )
+            self._count(touch=touched)
+            return touched
+
+        return self._run(work, lock_first=False)
+
     def peek(self, task_id: int) -> Task:
         """Return the task as it is now; :class:`NotFound` if there is none."""
         task_id = _check_task_id(task_id)

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..conf import setting
-from ..exceptions import NotFound, NotTaken
 from . import Handler, run_interruptibly
 
 logger = logging.getLogger("django_taskloop.workers")
@@ -283,13 +282,11 @@ class TubeDriver(Driver):
             return
         # touch() adds its increment to the deadline: adding the time between two beats at
         # each beat keeps the deadline as far ahead as the claim put it, no further, so a
-        # task of a worker that dies comes back a ttr after its last beat.
-        increment = self.beat_every
-        for task in items:
-            try:
-                self.tube.touch(task.id, increment, consumer=self.identity)
-            except (NotTaken, NotFound):
-                pass  # acked or released by the main thread a moment ago
+        # task of a worker that dies comes back a ttr after its last beat. A task with no ttr
+        # and no ttl has no deadline to push. One statement for them all; tasks acked or
+        # released by the main thread a moment ago are skipped.
+        timed = [task.id for task in items if task.event_at is not None or task.ttl_at is not None]
+        self.tube._touch_held(timed, self.beat_every, self.identity)
 
     def beat(self) -> None:
         from ..models import Consumer
