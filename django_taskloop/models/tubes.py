@@ -135,6 +135,15 @@ class _Shifted(models.Expression):
         return f"STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', {base}, printf('%%+.3f seconds', {sec}))", params
 
 
+def _touched(increment: float) -> dict[str, Any]:
+    """What a touch writes: ``increment`` more seconds of ttr, and every deadline moved by it."""
+    return {
+        "ttl_at": _Shifted(increment, F("ttl_at")),
+        "event_at": _Shifted(increment, F("event_at")),
+        "ttr": F("ttr") + increment,
+    }
+
+
 def _taken_deadline() -> Any:
     """``min(now + ttr, ttl deadline)`` with NULL meaning infinite on either side."""
     return Case(
@@ -1111,11 +1120,7 @@ class Tube(models.Model):
             task = self._owned(task_id, consumer)
             if not self._has_ttl:
                 raise TubeError(f"{self.type} tube does not support touch")
-            self._tasks().filter(pk=task.pk).update(
-                ttl_at=_Shifted(increment, F("ttl_at")),
-                event_at=_Shifted(increment, F("event_at")),
-                ttr=F("ttr") + increment,
-            )
+            self._tasks().filter(pk=task.pk).update(**_touched(increment))
             self._count(touch=1)
             task.refresh_from_db(using=self._using)
             self._emit(task, "touch")
@@ -1145,13 +1150,7 @@ class Tube(models.Model):
 
         def work() -> int:
             touched = sum(
-                self._tasks()
-                .filter(held, pk__in=chunk)
-                .update(
-                    ttl_at=_Shifted(increment, F("ttl_at")),
-                    event_at=_Shifted(increment, F("event_at")),
-                    ttr=F("ttr") + increment,
-                )
+                self._tasks().filter(held, pk__in=chunk).update(**_touched(increment))
                 for chunk in engine.batched(task_ids, self._using)
             )
             self._count(touch=touched)
