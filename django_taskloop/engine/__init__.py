@@ -491,40 +491,43 @@ def claim(
     than the statement that claimed them; on SQLite, every other writer waits while it
     happens inside the transaction.
     """
-    if later:
-        statement = _kept_claim_for(queryset, limit, claimable, order_by, changes, fetch, direct, key)
-        if statement is None:
-            return Claimed(
-                claim(
-                    queryset,
-                    limit=limit,
-                    claimable=claimable,
-                    order_by=order_by,
-                    changes=changes,
-                    fetch=fetch,
-                    overfetch=overfetch,
-                    direct=direct,
-                    key=key,
-                )
-            )
-        using = queryset.db
-        rows = run_in_transaction(
-            queryset.model, using, lambda: statement.rows(using), savepoint=False, lock_first=False
-        )
-        return Claimed(rows, lambda rows: statement.finish(using, rows))
     if limit <= 0:
-        return []
+        return Claimed([]) if later else []
     # A limit beyond any table's size means "all of them"; larger ones overflow SQL's LIMIT
     # (a 64-bit integer, doubled below for the candidates) and fail inside the database.
     limit = min(limit, MAX_LIMIT)
-    model = queryset.model
     using = queryset.db
-    statement = _kept_claim_for(queryset, limit, claimable, order_by, changes, fetch, direct, key)
+    statement = None
+    if key is not None and direct and fetch and features(using).update_returning:
+        statement = _kept_claim(queryset, limit, claimable, order_by, changes, key)
     if statement is not None:
         # One statement that writes: SQLite's write lock needs no taking first.
-        return run_in_transaction(
-            model, using, lambda: statement.run(using), savepoint=False, lock_first=False
+        rows = run_in_transaction(
+            queryset.model, using, lambda: statement.rows(using), savepoint=False, lock_first=False
         )
+        return (
+            Claimed(rows, lambda rows: statement.finish(using, rows))
+            if later
+            else statement.finish(using, rows)
+        )
+    claimed = _claim_through_orm(queryset, limit, claimable, order_by, changes, fetch, overfetch, direct)
+    return Claimed(claimed) if later else claimed
+
+
+def _claim_through_orm(
+    queryset: QuerySet[Any],
+    limit: int,
+    claimable: Q | Callable[[], Q],
+    order_by: Sequence[Any],
+    changes: dict[str, Any] | Callable[[], dict[str, Any]],
+    fetch: bool,
+    overfetch: int,
+    direct: bool,
+) -> list[Any]:
+    """:func:`claim` in the ORM's statements: the candidate read, the locking read and the
+    lease ``UPDATE`` (SQLite: the read and the ``UPDATE`` under the write lock)."""
+    model = queryset.model
+    using = queryset.db
     claimable = claimable() if callable(claimable) else claimable
     changes = changes() if callable(changes) else changes
     base = queryset.filter(claimable).order_by(*order_by)
@@ -592,22 +595,6 @@ def claim(
     # Rivals held every candidate (they all read the same head of the queue). Let the index
     # scan itself skip what is locked: it finds free rows whenever there are any.
     return run_in_transaction(model, using, lambda: lock_and_write(base), savepoint=False)
-
-
-def _kept_claim_for(
-    queryset: QuerySet[Any],
-    limit: int,
-    claimable: Q | Callable[[], Q],
-    order_by: Sequence[Any],
-    changes: dict[str, Any] | Callable[[], dict[str, Any]],
-    fetch: bool,
-    direct: bool,
-    key: Hashable | None,
-) -> _ClaimStatement | None:
-    """The one-statement claim that :func:`claim` sends for these arguments, if it sends one."""
-    if limit <= 0 or key is None or not (direct and fetch) or not features(queryset.db).update_returning:
-        return None
-    return _kept_claim(queryset, min(limit, MAX_LIMIT), claimable, order_by, changes, key)
 
 
 class Claimed:
@@ -785,9 +772,6 @@ class _ClaimStatement:
         table = opts.db_table
         sql += " RETURNING " + ", ".join(f"{qn(table)}.{qn(field.column)}" for field in opts.concrete_fields)
         return cls(sql, params, _Instances(model, compiler), order)
-
-    def run(self, using: str) -> list[Model]:
-        return self.finish(using, self.rows(using))
 
     def rows(self, using: str) -> list[tuple[Any, ...]]:
         """Send the claim; return its rows as the database gives them (see :meth:`finish`)."""
