@@ -49,12 +49,18 @@ def _free(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
+class _Exited(Exception):
+    """The server process ended while we waited for it."""
+
+
 def _wait(check: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
             if check():
                 return
+        except _Exited:
+            raise
         except Exception:  # the server is still coming up
             pass
         if time.monotonic() > deadline:
@@ -118,58 +124,98 @@ class Server:
                 hba.write(f"host all all {SUBNET}.0/24 trust\n")
 
     def start(self) -> None:
-        """Start the server and wait until it accepts connections."""
+        """Start the server and wait until it accepts connections.
+
+        A MariaDB that exits while coming up (after a kill it may still find its files held
+        for a moment) is started again, up to three times; a server that never answers
+        fails with the end of its log."""
         if self.vendor == "mysql":
-            data = self.directory / "data"
-            self.process = subprocess.Popen(
-                [
-                    "mariadbd",
-                    "--no-defaults",
-                    f"--datadir={data}",
-                    f"--port={self.port}",
-                    f"--bind-address={','.join(self.listen)}",
-                    f"--socket={self.directory / 'mysqld.sock'}",
-                    f"--pid-file={self.directory / 'mysqld.pid'}",
-                    "--user=root",
-                    # A throwaway server on private addresses: no passwords to manage.
-                    "--skip-grant-tables",
-                    "--skip-name-resolve",
-                    "--innodb-buffer-pool-size=64M",
-                    "--innodb-flush-log-at-trx-commit=2",
-                    "--innodb-lock-wait-timeout=10",
-                    # A client cut off in the middle of a transaction keeps its row locks until
-                    # the server drops it; production servers need this too (docs/guarantees.md).
-                    "--idle-transaction-timeout=10",
-                    "--max-connections=400",
-                    "--character-set-server=utf8mb4",
-                    "--collation-server=utf8mb4_unicode_ci",
-                    f"--log-error={self.log}",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        else:
-            self._as_postgres(
-                [
-                    "/usr/lib/postgresql/15/bin/pg_ctl",
-                    "-D",
-                    str(self.directory / "data"),
-                    "-l",
-                    str(self.log),
-                    "-w",
-                    "-o",
-                    f"-p {self.port} -k {self.directory} -c listen_addresses='{','.join(self.listen)}' "
-                    # fsync=off is safe here: a crash of the server (not of the machine) loses nothing
-                    # written to the OS; synchronous_commit stays on, as restart tests need.
-                    "-c fsync=off -c full_page_writes=off -c max_connections=300 "
-                    # A client cut off in the middle of a transaction keeps its row locks until
-                    # the server drops it; production servers need this too (docs/guarantees.md).
-                    "-c idle_in_transaction_session_timeout=10s",
-                    "start",
-                ]
-            )
-        _wait(self.ping, 60, f"{self.vendor} on port {self.port}")
+            for attempt in range(3):
+                self._start_mariadb()
+                try:
+                    _wait(self._ready, 60, f"mysql on port {self.port}")
+                except _Exited:
+                    self.process = None
+                    time.sleep(1 + attempt)
+                    continue
+                except TimeoutError as error:
+                    if self.process is not None:
+                        self.process.kill()
+                        self.process.wait(timeout=60)
+                        self.process = None
+                    raise TimeoutError(f"{error}; its log ends:\n{self._log_tail()}") from None
+                self.running = True
+                return
+            raise RuntimeError(f"mysql on port {self.port} exited three times; its log ends:\n{self._log_tail()}")
+        self._start_postgres()
+        try:
+            _wait(self.ping, 60, f"{self.vendor} on port {self.port}")
+        except TimeoutError as error:
+            raise TimeoutError(f"{error}; its log ends:\n{self._log_tail()}") from None
         self.running = True
+
+    def _ready(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise _Exited(self.process.returncode)
+        return self.ping()
+
+    def _log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as error:
+            return f"(no log: {error})"
+
+    def _start_mariadb(self) -> None:
+        data = self.directory / "data"
+        self.process = subprocess.Popen(
+            [
+                "mariadbd",
+                "--no-defaults",
+                f"--datadir={data}",
+                f"--port={self.port}",
+                f"--bind-address={','.join(self.listen)}",
+                f"--socket={self.directory / 'mysqld.sock'}",
+                f"--pid-file={self.directory / 'mysqld.pid'}",
+                "--user=root",
+                # A throwaway server on private addresses: no passwords to manage.
+                "--skip-grant-tables",
+                "--skip-name-resolve",
+                "--innodb-buffer-pool-size=64M",
+                "--innodb-flush-log-at-trx-commit=2",
+                "--innodb-lock-wait-timeout=10",
+                # A client cut off in the middle of a transaction keeps its row locks until
+                # the server drops it; production servers need this too (docs/guarantees.md).
+                "--idle-transaction-timeout=10",
+                "--max-connections=400",
+                "--character-set-server=utf8mb4",
+                "--collation-server=utf8mb4_unicode_ci",
+                f"--log-error={self.log}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def _start_postgres(self) -> None:
+        self._as_postgres(
+            [
+                "/usr/lib/postgresql/15/bin/pg_ctl",
+                "-D",
+                str(self.directory / "data"),
+                "-l",
+                str(self.log),
+                "-w",
+                "-o",
+                f"-p {self.port} -k {self.directory} -c listen_addresses='{','.join(self.listen)}' "
+                # fsync=off is safe here: a crash of the server (not of the machine) loses nothing
+                # written to the OS; synchronous_commit stays on, as restart tests need.
+                "-c fsync=off -c full_page_writes=off -c max_connections=300 "
+                # A client cut off in the middle of a transaction keeps its row locks until
+                # the server drops it; production servers need this too (docs/guarantees.md).
+                "-c idle_in_transaction_session_timeout=10s",
+                "start",
+            ],
+            check=False,
+        )
 
     def stop(self, *, crash: bool = False) -> None:
         """Stop the server: cleanly, or (``crash``) at once, as a power cut would."""
