@@ -7,6 +7,7 @@ import io
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -129,14 +130,42 @@ def _start_reaping_every_fifth_second(preexec_fn: Any = None) -> subprocess.Pope
     )
 
 
+PASS_LINE = "results django-tasks: pruned 0"
+
+
+class _Output:
+    """A process's output, read line by line as it comes (so a test can wait for a line)."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=self._read, args=(process.stdout,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def wait_for_passes(self, passes: int, timeout: float = 60) -> None:
+        """Wait until ``passes`` passes are printed (start-up takes seconds on a loaded machine)."""
+        deadline = time.monotonic() + timeout
+        while sum(PASS_LINE in line for line in self.lines) < passes:
+            assert time.monotonic() < deadline, f"{passes} passes not seen in {timeout} s: {self.lines}"
+            time.sleep(0.05)
+
+    def text(self) -> str:
+        self.thread.join(timeout=30)
+        return "".join(self.lines)
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_reap_locks_every_repeats_until_stopped():
     process = _start_reaping_every_fifth_second()
-    time.sleep(3)
+    output = _Output(process)
+    output.wait_for_passes(2)
     process.send_signal(signal.SIGINT)
     try:
-        out, _ = process.communicate(timeout=30)
+        process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         # Say why it did not stop: its signal masks and where it waits in the kernel.
         with open(f"/proc/{process.pid}/status") as f:
@@ -144,10 +173,11 @@ def test_reap_locks_every_repeats_until_stopped():
         with open(f"/proc/{process.pid}/wchan") as f:
             wchan = f.read()
         process.kill()
-        process.communicate()
+        process.wait()
         pytest.fail(f"reap_locks did not stop within 30 s of SIGINT: {masks}, waiting in {wchan!r}")
-    assert process.returncode == 0
-    assert out.count("results django-tasks: pruned 0") >= 2
+    out = output.text()
+    assert process.returncode == 0, out
+    assert out.count(PASS_LINE) >= 2
 
 
 @pytest.mark.slow
@@ -157,13 +187,15 @@ def test_reap_locks_every_stops_on_one_signal_even_if_it_started_with_them_ignor
     from .workers_util import ignore_and_block_stop_signals
 
     process = _start_reaping_every_fifth_second(preexec_fn=ignore_and_block_stop_signals)
+    output = _Output(process)
     try:
-        time.sleep(2)
+        output.wait_for_passes(2)
         process.send_signal(getattr(signal, signame))
-        out, _ = process.communicate(timeout=15)
+        process.wait(timeout=15)
     finally:
         process.kill()
         process.wait()
-        process.stdout.close()
-    assert process.returncode == 0
-    assert out.count("results django-tasks: pruned 0") >= 2
+    out = output.text()
+    process.stdout.close()
+    assert process.returncode == 0, out
+    assert out.count(PASS_LINE) >= 2

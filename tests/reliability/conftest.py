@@ -146,7 +146,9 @@ class Server:
                     raise TimeoutError(f"{error}; its log ends:\n{self._log_tail()}") from None
                 self.running = True
                 return
-            raise RuntimeError(f"mysql on port {self.port} exited three times; its log ends:\n{self._log_tail()}")
+            raise RuntimeError(
+                f"mysql on port {self.port} exited three times; its log ends:\n{self._log_tail()}"
+            )
         self._start_postgres()
         try:
             _wait(self.ping, 60, f"{self.vendor} on port {self.port}")
