@@ -11,8 +11,9 @@ import re
 import time
 
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import DatabaseError, IntegrityError, connection, connections, transaction
 from django.db.models import Q, signals
+from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 
 from django_taskloop import engine
@@ -308,3 +309,69 @@ def test_a_first_batch_that_acknowledges_before_it_ever_claimed_in_bulk():
     held = [tube.take(0, consumer="z").pk for _ in range(2)]  # one at a time: no kept claim yet
     acked, taken = tube.ack_and_take(held, 5, consumer="z")
     assert acked == 2 and len(taken) == 5 and {t.owner for t in taken} == {"z"}
+
+
+# -- kept statements are sent on a kept cursor (engine._send) ----------------------------------
+
+
+def test_kept_statements_share_one_cursor_per_connection_and_make_a_new_one_after_a_reconnect(vendor):
+    tube = Tube.objects.create_tube("sent", "fifo")
+    tube.put(1)
+    kept = connection._taskloop_cursor
+    assert kept[0] is connection.connection
+    tube.put(2)
+    assert connection._taskloop_cursor is kept
+    before = connection.connection
+    connection.close()
+    tube.put(3)  # (sent through connection.cursor(), which connects again)
+    tube.put(4)
+    assert connection._taskloop_cursor[0] is connection.connection
+    if connection.connection is not before:
+        assert connection._taskloop_cursor is not kept
+    else:
+        # Django keeps an in-memory SQLite database's one connection open (close() is a no-op).
+        assert vendor == "sqlite"
+        assert connection._taskloop_cursor is kept
+    assert sorted(Task.objects.values_list("data", flat=True)) == [1, 2, 3, 4]
+
+
+def test_statements_on_the_kept_cursor_raise_djangos_errors():
+    with pytest.raises(IntegrityError):
+        # A task of a tube that does not exist: the foreign key refuses it at once outside a
+        # transaction (Django's IntegrityError, not the driver's).
+        engine._send(
+            connection,
+            f"INSERT INTO {Task._meta.db_table} (tube_id, state, pri, created, attempts) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            [10**9, "r", 0, "2026-01-01 00:00:00", 0],
+            "rowcount",
+        )
+    with pytest.raises(DatabaseError) as caught:
+        engine._send(connection, "SELECT no_such_column FROM taskloop_tube", [])
+    assert type(caught.value).__module__ == "django.db.utils"
+
+
+def test_a_kept_statement_is_refused_in_a_transaction_marked_for_rollback():
+    tube = Tube.objects.create_tube("broken", "fifo")
+    with transaction.atomic():
+        transaction.set_rollback(True)
+        with pytest.raises(TransactionManagementError):
+            tube.put(1)
+    assert Task.objects.count() == 0
+
+
+def test_watched_connections_see_every_kept_statement():
+    tube = Tube.objects.create_tube("watched", "fifo")
+    tube.put(0)
+    with CaptureQueriesContext(connection) as queries:
+        tube.put(1)
+    assert any("INSERT INTO" in sql for sql in _sql(queries))
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        tube.put(2)
+    assert any("INSERT INTO" in sql for sql in seen)
