@@ -468,6 +468,12 @@ def write_report(
         ("django-taskloop `put`", "taskloop", "rate", "bulk_rate"),
         ("django-taskloop Django Task `enqueue()`", "taskloop", "task_rate", None),
         ("django-taskloop `put` × N in one `atomic()`", "taskloop", "atomic_rate", None),
+        (
+            "`put`'s own statement alone, sent through the bare driver (the floor under `put`)",
+            "taskloop",
+            "statement_rate",
+            None,
+        ),
         *((LABELS[p], p, "rate", None) for p in ("tasksdb", "q2", "djqueue")),
         (
             "raw SQL: one INSERT per job in autocommit (the limit of one durable write per call)",
@@ -617,8 +623,15 @@ def write_report(
         ours_put = rates(table, db, "taskloop", "enqueue", "", None)
         theirs_put = rates(table, db, "tasksdb", "enqueue", "", None)
         raw_put = rates(table, db, "raw", "enqueue", "", None)
-        # The ceiling: raw SQL's one autocommit INSERT per job, against the same peer.
-        ceiling = f" (raw SQL: {ratio(raw_put, theirs_put)})" if raw_put and theirs_put else ""
+        # The ceilings, against the same peer: put's own statement through the bare driver
+        # (what any put of our row costs), and raw SQL's one-column INSERT.
+        floor = rates(table, db, "taskloop", "enqueue", "", None, "statement_rate")
+        ceilings = [
+            f"{what}: {ratio(rate, theirs_put)}"
+            for what, rate in (("its statement alone", floor), ("raw SQL", raw_put))
+            if rate and theirs_put
+        ]
+        ceiling = f" ({'; '.join(ceilings)})" if ceilings else ""
         put.append(cell(ours_put, theirs_put, 2) + ceiling)
         ours_bulk = rates(table, db, "taskloop", "enqueue", "", None, "bulk_rate")
         bulk.append(

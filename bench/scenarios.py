@@ -180,6 +180,8 @@ def enqueue(jobs: int) -> dict:
         tube.put(n)
     single = jobs / (time.perf_counter() - started)
     tube.truncate()
+    statement = put_statement_rate(tube, jobs)
+    tube.truncate()
     started = time.perf_counter()
     tube.put_many(range(jobs))
     bulk = jobs / (time.perf_counter() - started)
@@ -197,7 +199,38 @@ def enqueue(jobs: int) -> dict:
     tasks = jobs / (time.perf_counter() - started)
     Tube.objects.get(name="tasks.default").truncate()
     TaskRecord.objects.all()._raw_delete(TaskRecord.objects.db)
-    return {"rate": single, "bulk_rate": bulk, "atomic_rate": atomic, "task_rate": tasks}
+    return {
+        "rate": single,
+        "bulk_rate": bulk,
+        "atomic_rate": atomic,
+        "task_rate": tasks,
+        "statement_rate": statement,
+    }
+
+
+def put_statement_rate(tube: Tube, jobs: int) -> float:
+    """Puts/s of a put's own statement alone: the exact SQL and parameters ``tube.put`` sends,
+    sent ``jobs`` times through the driver's cursor in autocommit, with no Python above the
+    driver. Whatever a put does, it cannot beat this: it is the floor under ``put``."""
+    seen: list[tuple[str, list]] = []
+
+    def spy(execute, sql, params, many, context):
+        seen.append((sql, list(params or [])))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(spy):
+        tube.put(-1)
+    ((sql, params),) = seen
+    if connection.vendor == "sqlite":
+        sql = sql.replace("%s", "?")
+    cursor = connection.connection.cursor()
+    started = time.perf_counter()
+    for _ in range(jobs):
+        cursor.execute(sql, params)
+        cursor.fetchall()
+    rate = jobs / (time.perf_counter() - started)
+    cursor.close()
+    return rate
 
 
 def latency(samples: int, gap: float, record_dir: Path, idle_seconds: float = 3.0) -> dict:
