@@ -23,6 +23,10 @@ if "sqlite" in DATABASES["default"]["ENGINE"]:
     DATABASES["default"]["OPTIONS"] = {"timeout": 30, "init_command": "PRAGMA journal_mode=WAL"}
 if "mysql" in DATABASES["default"]["ENGINE"]:
     DATABASES["default"]["OPTIONS"] = {"charset": "utf8mb4"}
+if "postgresql" in DATABASES["default"]["ENGINE"] and os.environ.get("BENCH_PG_PREPARED"):
+    # For bench/profile_put.py: psycopg's server-side binding with prepared statements (off by
+    # default in Django: they need PgBouncer 1.21+ with max_prepared_statements, or none).
+    DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
 
 TASKLOOP: dict = {}
 
