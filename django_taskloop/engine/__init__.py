@@ -92,7 +92,7 @@ def _send(connection: Any, sql: str, params: Sequence[Any], fetch: str = "all") 
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return _fetched(cursor, fetch)
-    kept = connection.__dict__.get("_taskloop_cursor")
+    kept = getattr(connection, "_taskloop_cursor", None)
     if kept is None or kept[0] is not connection.connection:
         with connection.wrap_database_errors:
             kept = connection._taskloop_cursor = (connection.connection, connection.create_cursor())
