@@ -38,20 +38,6 @@ import scenarios  # noqa: E402
 from django.db import connection  # noqa: E402
 
 
-def captured_put(tube) -> tuple[str, list]:
-    """The SQL and parameters one put sends."""
-    seen: list[tuple[str, list]] = []
-
-    def spy(execute, sql, params, many, context):
-        seen.append((sql, list(params or [])))
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(spy):
-        tube.put(0)
-    (statement,) = seen
-    return statement
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -60,7 +46,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     tube = scenarios.empty_tube()
-    sql, params = captured_put(tube)
+    sql, params = scenarios.put_statement(tube)
     vendor = connection.vendor
     connection.ensure_connection()
     raw = connection.connection

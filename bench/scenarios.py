@@ -208,10 +208,8 @@ def enqueue(jobs: int) -> dict:
     }
 
 
-def put_statement_rate(tube: Tube, jobs: int) -> float:
-    """Puts/s of a put's own statement alone: the exact SQL and parameters ``tube.put`` sends,
-    sent ``jobs`` times through the driver's cursor in autocommit, with no Python above the
-    driver. Whatever a put does, it cannot beat this: it is the floor under ``put``."""
+def put_statement(tube: Tube) -> tuple[str, list]:
+    """The SQL and parameters one ``tube.put`` sends (it puts one task, ``-1``)."""
     seen: list[tuple[str, list]] = []
 
     def spy(execute, sql, params, many, context):
@@ -220,7 +218,15 @@ def put_statement_rate(tube: Tube, jobs: int) -> float:
 
     with connection.execute_wrapper(spy):
         tube.put(-1)
-    ((sql, params),) = seen
+    (statement,) = seen
+    return statement
+
+
+def put_statement_rate(tube: Tube, jobs: int) -> float:
+    """Puts/s of a put's own statement alone: the exact SQL and parameters ``tube.put`` sends,
+    sent ``jobs`` times through the driver's cursor in autocommit, with no Python above the
+    driver. Whatever a put does, it cannot beat this: it is the floor under ``put``."""
+    sql, params = put_statement(tube)
     if connection.vendor == "sqlite":
         sql = sql.replace("%s", "?")
     cursor = connection.connection.cursor()

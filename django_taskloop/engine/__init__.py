@@ -469,6 +469,8 @@ def _shape_of(field: Any, obj: Model) -> bool | None:
     """A field's part of a statement's shape: None for a plain value, else whether its
     :class:`DbNow` has an offset (which adds a parameter). Other expressions raise TypeError."""
     value = getattr(obj, field.attname)
+    if value is None or type(value) in _PLAIN:
+        return None
     if isinstance(value, DbNow):
         return bool(value.seconds)
     if hasattr(value, "resolve_expression"):
@@ -486,20 +488,14 @@ def _one_row_insert(
 ) -> _OneRowInsert | None:
     """The kept statement for ``obj``'s shape; None if a value is an expression other than
     :class:`DbNow` (the compiler handles those)."""
-    nows = []
-    for field in fields:
-        value = getattr(obj, field.attname)
-        if value is None or type(value) in _PLAIN:
-            nows.append(None)
-            continue
-        try:
-            nows.append(_shape_of(field, obj))
-        except TypeError:
-            return None
+    try:
+        nows = tuple([_shape_of(field, obj) for field in fields])
+    except TypeError:
+        return None
     guard = None if only_if is None else type(only_if)
     # The fields are the lists _insert_fields keeps: their names are the same as long as
     # they are (and a kept statement holds them, so their ids are not reused).
-    shape = (using, type(obj), id(fields), id(returned), tuple(nows), notify, guard)
+    shape = (using, type(obj), id(fields), id(returned), nows, notify, guard)
     statement = _one_row_inserts.get(shape)
     if statement is None:
         statement = _one_row_inserts[shape] = _OneRowInsert(obj, using, fields, returned, notify, guard)
