@@ -233,3 +233,35 @@ def children_cpu() -> float:
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def interleave(
+    variants: dict, n: int, rounds: int, after_round=None
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Time each of ``variants`` (name → a call taking no argument) ``n`` times per round,
+    the variants interleaved round by round so that a noisy minute hurts them all alike;
+    ``after_round()``, if given, runs after each round, untimed. Returns the wall and the
+    client CPU (user + system) µs per call, a list per variant."""
+    wall: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, call in variants.items():
+            started, cpu_started = time.perf_counter(), time.process_time()
+            for _ in range(n):
+                call()
+            wall[name].append((time.perf_counter() - started) / n * 1e6)
+            cpu[name].append((time.process_time() - cpu_started) / n * 1e6)
+        if after_round is not None:
+            after_round()
+    return wall, cpu
+
+
+def print_interleaved(wall: dict[str, list[float]], cpu: dict[str, list[float]] | None = None) -> None:
+    """Print :func:`interleave`'s medians (min–max) per variant, then the load average."""
+    load = os.getloadavg()
+    width = max(map(len, wall))
+    print(f"{'':<{width}}  wall µs per call (range)" + ("   client CPU µs" if cpu else ""))
+    for name, values in wall.items():
+        line = f"{name:<{width}}  {statistics.median(values):7.0f} ({min(values):.0f}–{max(values):.0f})"
+        print(line + (f"  {statistics.median(cpu[name]):10.0f}" if cpu else ""))
+    print(f"\nload average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

@@ -7,7 +7,7 @@ noisy minute hurts them all alike); it prints the median µs per call over the r
 load average, and the client CPU (user + system) per call, which CI or other load
 hardly moves. Variants (each one autocommitted statement per call):
 
-- ``put``: ``tube.put(n)``.
+- ``put``: ``tube.put(1)``.
 - ``put's statement, Django cursor``: the exact SQL and parameters a put sends, through
   ``connection.cursor()``.
 - ``put's statement, driver``: the same through the driver's own cursor (no Django).
@@ -20,21 +20,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE / "project"), str(HERE.parent), str(HERE)]
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("BENCH_RECORD_DIR", "/tmp")
 
-import django  # noqa: E402
-
-django.setup()
-
-import scenarios  # noqa: E402
+import scenarios  # noqa: E402  (sets Django up with the bench project)
+from common import interleave, print_interleaved  # noqa: E402
 from django.db import connection  # noqa: E402
 
 
@@ -61,10 +54,10 @@ def main() -> None:
         cursor.execute("CREATE INDEX raw_put_ready ON raw_put (state, id)")
     print(f"{vendor}: a put sends\n  {sql}\n  {params}\n")
 
-    def put(n: int) -> None:
-        tube.put(n)
+    def put() -> None:
+        tube.put(1)
 
-    def django_cursor(n: int) -> None:
+    def django_cursor() -> None:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             cursor.fetchall()
@@ -72,12 +65,12 @@ def main() -> None:
     driver_sql = sql.replace("%s", "?") if vendor == "sqlite" else sql
     cursor = raw.cursor()
 
-    def driver(n: int) -> None:
+    def driver() -> None:
         cursor.execute(driver_sql, params)
         cursor.fetchall()
 
-    def raw_insert(n: int) -> None:
-        cursor.execute(f"INSERT INTO raw_put (n) VALUES ({mark})", [n])
+    def raw_insert() -> None:
+        cursor.execute(f"INSERT INTO raw_put (n) VALUES ({mark})", [1])
 
     variants = {
         "put": put,
@@ -92,18 +85,18 @@ def main() -> None:
         bare = inner[: inner.index(" RETURNING ")]
         server = psycopg.Cursor(raw)
 
-        def no_notify(n: int) -> None:
+        def no_notify() -> None:
             cursor.execute(inner, inner_params)
             cursor.fetchall()
 
-        def no_returning(n: int) -> None:
+        def no_returning() -> None:
             cursor.execute(bare, inner_params)
 
-        def prepared(n: int) -> None:
+        def prepared() -> None:
             server.execute(sql, params, prepare=True)
             server.fetchall()
 
-        def prepared_no_notify(n: int) -> None:
+        def prepared_no_notify() -> None:
             server.execute(inner, inner_params, prepare=True)
             server.fetchall()
 
@@ -116,25 +109,8 @@ def main() -> None:
             }
         )
     variants["raw one-column INSERT"] = raw_insert
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    cpu: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(args.rounds):
-        for name, call in variants.items():
-            started, cpu_started = time.perf_counter(), time.process_time()
-            for n in range(args.n):
-                call(n)
-            times[name].append((time.perf_counter() - started) / args.n * 1e6)
-            cpu[name].append((time.process_time() - cpu_started) / args.n * 1e6)
-        tube.truncate()
-    load = os.getloadavg()
-    width = max(map(len, variants))
-    print(f"{'':<{width}}  wall µs per call (range)   client CPU µs")
-    for name, values in times.items():
-        print(
-            f"{name:<{width}}  {statistics.median(values):7.0f} ({min(values):.0f}–{max(values):.0f})"
-            f"  {statistics.median(cpu[name]):10.0f}"
-        )
-    print(f"\nload average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    wall, cpu = interleave(variants, args.n, args.rounds, after_round=tube.truncate)
+    print_interleaved(wall, cpu)
     with connection.cursor() as cursor:
         cursor.execute("DROP TABLE raw_put")
 

@@ -15,17 +15,21 @@ PostgreSQL (``BENCH_POSTGRES``, default the local server), each in database
 - ``two INSERTs, one statement`` (PostgreSQL): one ``WITH`` statement, as our enqueue sends;
 - ``two INSERTs in autocommit``: two durable commits, for scale.
 
-Variants interleave round by round; it prints the median µs per call (min–max) and the
-load average.
+Variants interleave round by round; it prints the median µs per call (min–max), the
+client CPU per call and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
+import sys
+from pathlib import Path
 from urllib.parse import urlparse
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import interleave, print_interleaved  # noqa: E402
 
 
 def mysql_variants(url: str):
@@ -91,21 +95,6 @@ def postgres_variants(url: str):
     return variants, lambda: cur.execute("DROP TABLE two_rows")
 
 
-def measure(name: str, variants: dict, n: int, rounds: int) -> None:
-    times: dict[str, list[float]] = {key: [] for key in variants}
-    for _ in range(rounds):
-        for key, call in variants.items():
-            started = time.perf_counter()
-            for _ in range(n):
-                call()
-            times[key].append((time.perf_counter() - started) / n * 1e6)
-    load = os.getloadavg()
-    width = max(map(len, variants))
-    print(f"{name} (load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}): µs per call")
-    for key, values in times.items():
-        print(f"  {key:<{width}}  {statistics.median(values):6.0f} ({min(values):.0f}–{max(values):.0f})")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -120,7 +109,9 @@ def main() -> None:
     for name, make, url in servers:
         variants, drop = make(url)
         try:
-            measure(name, variants, args.n, args.rounds)
+            print(f"{name}:")
+            print_interleaved(*interleave(variants, args.n, args.rounds))
+            print()
         finally:
             drop()
 

@@ -208,8 +208,8 @@ def enqueue(jobs: int) -> dict:
     }
 
 
-def put_statement(tube: Tube) -> tuple[str, list]:
-    """The SQL and parameters one ``tube.put`` sends (it puts one task, ``-1``)."""
+def statements_of(call) -> list[tuple[str, list]]:
+    """The SQL and parameters of each statement ``call()`` sends on the default database."""
     seen: list[tuple[str, list]] = []
 
     def spy(execute, sql, params, many, context):
@@ -217,8 +217,13 @@ def put_statement(tube: Tube) -> tuple[str, list]:
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(spy):
-        tube.put(-1)
-    (statement,) = seen
+        call()
+    return seen
+
+
+def put_statement(tube: Tube) -> tuple[str, list]:
+    """The SQL and parameters one ``tube.put`` sends (it puts one task, ``-1``)."""
+    (statement,) = statements_of(lambda: tube.put(-1))
     return statement
 
 
