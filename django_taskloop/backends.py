@@ -11,6 +11,7 @@ and with the ``django-tasks`` backport (``django_tasks``) on Django 5.2.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import socket
@@ -118,11 +119,14 @@ if BaseTaskBackend is not None:
         def validate_task(self, task: Any) -> None:
             super().validate_task(task)
             # The queue name becomes part of a tube name: check it here, at definition time.
-            from .validation import check_name
+            from .validation import check_handler, check_name
 
             try:
                 check_name(tube_name(task.queue_name), "queue_name")
-            except ValueError as error:
+                # A generator function would return an iterator unrun: refused here, not
+                # recorded SUCCESSFUL by a worker that never ran its body.
+                check_handler(task.func, "task function")
+            except (TypeError, ValueError) as error:
                 raise InvalidTask(str(error)) from None
 
         def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
@@ -402,13 +406,17 @@ if BaseTaskBackend is not None:
                 raise FailedForGood(f"task {record.id}: {record.task_path} is not a Task") from error
             result = self._to_result(record, task)
             task_started.send(type(self), task_result=result)
+            # An async def task's coroutine is awaited on the worker's event loop in this
+            # thread (run_interruptibly), where a hard stop can interrupt and cancel it;
+            # Task.call's async_to_sync would run it in a thread of its own, out of reach.
+            call = task.func if inspect.iscoroutinefunction(task.func) else task.call
             try:
                 if task.takes_context:
                     value = run_interruptibly(
-                        task.call, TaskContext(task_result=result), *record.args, **record.kwargs
+                        call, TaskContext(task_result=result), *record.args, **record.kwargs
                     )
                 else:
-                    value = run_interruptibly(task.call, *record.args, **record.kwargs)
+                    value = run_interruptibly(call, *record.args, **record.kwargs)
                 value = normalize_json(value)
             except StopNow:
                 # A hard stop of the worker: the task runs again (its tube task is given back).

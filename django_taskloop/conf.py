@@ -34,6 +34,9 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_BACKOFF_MAX": 300.0,
     "GRACE_PERIOD": 30.0,
     "HEARTBEAT_INTERVAL": 10.0,
+    # Seconds of work a worker claims at once, sized from each handler's measured time per
+    # item (at least one item, at most the handler's batch); a handler's batch_time overrides.
+    "BATCH_TIME": 0.1,
     # Polling of take()/wait(): first sleep, growth factor, longest sleep (seconds). A waiting
     # take that something wakes on every change (PostgreSQL's LISTEN, SQLite's file watch) polls
     # only for the clock (wakeup.CLOCK_POLL, 0.75 s); on MariaDB an idle worker reads once every

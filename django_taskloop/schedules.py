@@ -39,7 +39,7 @@ from django.db import IntegrityError, router
 from django.utils.module_loading import import_string
 
 from .conf import setting
-from .validation import check_name
+from .validation import check_handler, check_name
 
 __all__ = [
     "ScheduleError",
@@ -145,6 +145,10 @@ def periodic(cron: str, name: str | None = None) -> Callable[[Callable[[], Any]]
             raise ScheduleError(str(error)) from None
 
     def decorate(func: Callable[[], Any]) -> Callable[[], Any]:
+        try:
+            check_handler(func, "@periodic function")
+        except TypeError as error:
+            raise ScheduleError(str(error)) from None
         path = f"{func.__module__}.{func.__qualname__}"
         label = name or path
         if name is None:
@@ -412,7 +416,7 @@ def _periodic_tube(using: str) -> Any:
 def _run_periodic(task: Any) -> None:
     """Run the ``@periodic`` function a tick's tube task names (the handler of :data:`PERIODIC_TUBE`)."""
     from .models import Schedule
-    from .workers import FailedForGood
+    from .workers import FailedForGood, run_interruptibly
 
     name = task.data["schedule"]
     spec = periodic_registry.get(name)
@@ -421,7 +425,8 @@ def _run_periodic(task: Any) -> None:
         return
     using = task._state.db or "default"
     try:
-        spec.func()
+        # Interruptible by a hard stop like any handler; an async def function is awaited.
+        run_interruptibly(spec.func)
     except Exception as error:
         record_error(name, error, using)
         # No retry: the next tick is the retry (cron's way); the failure is kept as a Failure.

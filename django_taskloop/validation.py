@@ -6,6 +6,7 @@ Each check runs before anything touches the database and raises ``TypeError`` (w
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
@@ -151,3 +152,22 @@ def as_id_list(id_or_ids: Any, name: str = "id_or_ids") -> list[Any]:
             value = value.pk
         seen.setdefault(value, None)
     return list(seen)
+
+
+def check_handler(func: Any, what: str = "handler") -> None:
+    """Refuse, at registration, a function that a worker could not run to completion.
+
+    ``async def`` functions are run (on the worker's event loop); generator functions, sync
+    or async, would return an iterator without running their body, and the item would be
+    settled unrun: they are refused here with a clear error.
+    """
+    if not callable(func):
+        raise TypeError(f"a {what} must be callable, not {type(func).__name__}")
+    target = inspect.unwrap(func)
+    if inspect.isasyncgenfunction(target) or inspect.isgeneratorfunction(target):
+        kind = "an async generator" if inspect.isasyncgenfunction(target) else "a generator"
+        name = getattr(target, "__qualname__", repr(target))
+        raise TypeError(
+            f"{name} is {kind} function: a worker cannot run it to completion "
+            "(use a plain def or async def function that returns when its work is done)"
+        )

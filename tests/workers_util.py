@@ -163,3 +163,12 @@ def not_a_task() -> None:
     from tests.testapp.models import WorkLog
 
     WorkLog.objects.create(kind="not-a-task", key="called", pid=os.getpid(), at=time.time())
+
+
+@task()
+async def add_async(a: int, b: int) -> int:
+    """An ``async def`` Django Task: the worker awaits it."""
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return a + b

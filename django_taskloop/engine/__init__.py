@@ -179,14 +179,25 @@ def run_in_transaction(
             with writers_in_turn(using) as let_go, write_transaction(model, using, lock_first=lock_first):
                 transaction.on_commit(let_go, using=using)
                 return work()
-        except DatabaseError as error:
-            if not is_retryable(error, using):
+        except (DatabaseError, DatabaseBusy) as raised:
+            # A DatabaseBusy from work nested inside (an inner run_in_transaction, which never
+            # retries) is retried here, the one layer that can replay the whole transaction.
+            error = raised.__cause__ if isinstance(raised, DatabaseBusy) else raised
+            if not isinstance(error, DatabaseError) or not is_retryable(error, using):
                 if outermost:
                     discard_if_broken(using)
                 raise
-            if not outermost or attempt >= retries:
+            if not outermost:
+                if isinstance(raised, DatabaseBusy):
+                    raise
                 raise DatabaseBusy(
-                    f"database {using!r} stayed locked or deadlocked after {attempt + 1} tries "
+                    f"database {using!r} was locked or deadlocked inside a transaction of the "
+                    f"caller's ({error}); it is the caller's to retry whole"
+                ) from error
+            if attempt >= retries:
+                tries = "1 try" if attempt == 0 else f"{attempt + 1} tries"
+                raise DatabaseBusy(
+                    f"database {using!r} stayed locked or deadlocked after {tries} "
                     f"({error}); on SQLite, raise OPTIONS['timeout'] or use fewer writers"
                 ) from error
             attempt += 1

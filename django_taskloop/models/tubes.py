@@ -28,13 +28,13 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, models, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Case, Count, Exists, F, OuterRef, Q, Sum, Value, When
 from django.db.models.functions import Concat, Least
 
 from .. import engine, wakeup
 from ..conf import setting
-from ..exceptions import DatabaseBusy, NotFound, NotTaken, TaskloopError, TubeError
+from ..exceptions import NotFound, NotTaken, TaskloopError, TubeError
 from ..validation import (
     MAX_SECONDS,
     check_bool,
@@ -446,27 +446,12 @@ class Tube(models.Model):
             raise self._gone()
 
     def _run(self, work: Callable[[], Any], lock_first: bool = True) -> Any:
-        """Run ``work`` in a write transaction, retrying deadlocks when outermost.
+        """Run ``work`` in a write transaction, retrying deadlocks when outermost (the engine
+        retries the whole transaction, claim and counters, once per deadlock: one layer).
 
-        ``engine.claim`` nested inside turns a deadlock into :class:`DatabaseBusy`; retry those
-        here too, where the whole transaction (claim and counters) can be replayed.
         ``lock_first=False``: ``work``'s first statement writes (see ``engine.write_transaction``).
         """
-        using = self._using
-        outermost = not connections[using].in_atomic_block
-        attempt = 0
-        while True:
-            try:
-                return engine.run_in_transaction(Task, using, work, lock_first=lock_first)
-            except DatabaseBusy as error:
-                if (
-                    not outermost
-                    or attempt >= setting("RETRIES")
-                    or not isinstance(error.__cause__, DatabaseError)
-                ):
-                    raise
-                attempt += 1
-                time.sleep(min(0.5, 0.01 * 2**attempt))
+        return engine.run_in_transaction(Task, self._using, work, lock_first=lock_first)
 
     def _count(self, **deltas: int) -> None:
         """Add ``deltas`` to this process's counter slot, in the current transaction."""

@@ -24,15 +24,17 @@ tube tasks are buried and jobs trashed after ``TASKLOOP["MAX_ATTEMPTS"]`` attemp
 
 from __future__ import annotations
 
+import asyncio
 import builtins
-from collections.abc import Callable, Iterable
+import inspect
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.utils.module_loading import autodiscover_modules
 
 from ..schedules import periodic
-from ..validation import check_count, check_name, check_seconds
+from ..validation import check_count, check_handler, check_name, check_seconds
 
 __all__ = [
     "Handler",
@@ -74,8 +76,45 @@ def run_interruptibly(func: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     hard stop no longer interrupts it, so what finished is settled as finished and never run
     again (see :func:`inside_user_code`). Drivers call each handler through it; code that runs
     user code inside a handler of its own (the Django Tasks backend) calls it around that code.
+
+    An ``async def`` function (or any call that returns an awaitable) is run to completion on
+    this process's event loop, here in the main thread, so that a hard stop interrupts it the
+    same way (the coroutine is then cancelled) and nothing is settled before it has finished.
     """
-    return func(*args, **kwargs)
+    result = func(*args, **kwargs)
+    if inspect.isawaitable(result):
+        loop = event_loop()
+        future = asyncio.ensure_future(result, loop=loop)
+        try:
+            # Awaited in this frame, not a helper's: a signal that finds the main thread here
+            # (not deeper) is at the edge, before the run or after it returned.
+            result = loop.run_until_complete(future)
+        except BaseException:
+            _cancel(loop, future)
+            raise
+    return result
+
+
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """Return this process's event loop for ``async def`` handlers (made on first use)."""
+    global _loop
+    if _loop is None or _loop.is_closed():
+        _loop = asyncio.new_event_loop()
+    return _loop
+
+
+def _cancel(loop: asyncio.AbstractEventLoop, future: Awaitable[Any]) -> None:
+    """Cancel a coroutine a stop interrupted, and let it run its cleanup (a second at most)."""
+    if not isinstance(future, asyncio.Future) or future.done():
+        return
+    future.cancel()
+    try:
+        loop.run_until_complete(asyncio.wait([future], timeout=1.0))
+    except BaseException:  # a further stop: leave the rest of its cleanup undone
+        pass
 
 
 def inside_user_code(frame: Any) -> bool | None:
@@ -110,6 +149,11 @@ class Handler:
     target: Any
     #: Most items claimed at once.
     batch: int = 100
+    #: Seconds of work a worker claims at once: it sizes each claim from the handler's measured
+    #: time per item (at least one, at most ``batch``), so that fast handlers run in batches and
+    #: slow ones are not hoarded while other workers idle. ``None``: ``TASKLOOP["BATCH_TIME"]``;
+    #: ``0``: always claim ``batch``.
+    batch_time: float | None = None
     #: Lease taken on each item: the loop's ``lock_for``, the job claim's expiry, the tube's
     #: ttr (which the heartbeat keeps from running out).
     lease: float = 600.0
@@ -130,6 +174,7 @@ registry: dict[str, Handler] = {}
 
 
 def _register(handler: Handler) -> Handler:
+    check_handler(handler.func)
     existing = registry.get(handler.name)
     if existing is not None and existing.func is not handler.func:
         ref = f"{existing.func.__module__}.{existing.func.__qualname__}"
@@ -145,11 +190,13 @@ def loop(
     lock_for: float = 600,
     min_loop_time: float = 3600,
     name: str | None = None,
+    batch_time: float | None = None,
 ) -> Callable[[Callable[[Any], Any]], Handler]:
     """Register the decorated function to be called with each id claimed from ``model``'s loop.
 
-    Ids are claimed ``batch`` at a time and locked for ``lock_for`` seconds (renewed while the
-    handler runs); each id the handler returns from is marked done.
+    Ids are claimed up to ``batch`` at a time (as many as fit ``batch_time`` seconds of the
+    handler's measured time, see :class:`Handler`) and locked for ``lock_for`` seconds (renewed
+    while the handler runs); each id the handler returns from is marked done.
     """
     from ..models import TaskLoop
 
@@ -159,10 +206,20 @@ def loop(
     lock_for = check_seconds(lock_for, "lock_for", positive=True)
     min_loop_time = check_seconds(min_loop_time, "min_loop_time", non_negative=True)
     label = check_name(name, "name") if name is not None else model._meta.label_lower
+    batch_time = check_seconds(batch_time, "batch_time", allow_none=True, non_negative=True)
 
     def decorate(func: Callable[[Any], Any]) -> Handler:
         return _register(
-            Handler("loop", label, func, model, batch=batch, lease=lock_for, min_loop_time=min_loop_time)
+            Handler(
+                "loop",
+                label,
+                func,
+                model,
+                batch=batch,
+                batch_time=batch_time,
+                lease=lock_for,
+                min_loop_time=min_loop_time,
+            )
         )
 
     return decorate
@@ -176,6 +233,7 @@ def tube(
     ttl: float | None = None,
     ttr: float | None = None,
     pri: int | None = None,
+    batch_time: float | None = None,
 ) -> Callable[[Callable[[Any], Any]], Handler]:
     """Register the decorated function to be called with each task taken from tube ``name``.
 
@@ -194,6 +252,7 @@ def tube(
     ttr = check_seconds(ttr, "ttr", allow_none=True, positive=True)
     if pri is not None and (isinstance(pri, bool) or not isinstance(pri, int)):
         raise TypeError(f"pri must be an int or None, not {builtins.type(pri).__name__}")
+    batch_time = check_seconds(batch_time, "batch_time", allow_none=True, non_negative=True)
     create: dict[str, Any] = {"type": type}
     for key, value in (("ttl", ttl), ("ttr", ttr), ("pri", pri)):
         if value is not None:
@@ -201,26 +260,39 @@ def tube(
 
     def decorate(func: Callable[[Any], Any]) -> Handler:
         return _register(
-            Handler("tube", name, func, name, batch=batch, lease=ttr or ttl or 60.0, create=create)
+            Handler(
+                "tube",
+                name,
+                func,
+                name,
+                batch=batch,
+                batch_time=batch_time,
+                lease=ttr or ttl or 60.0,
+                create=create,
+            )
         )
 
     return decorate
 
 
-def board(name: str, *, batch: int = 100, expiry: float = 600) -> Callable[[Callable[[Any], Any]], Handler]:
+def board(
+    name: str, *, batch: int = 100, expiry: float = 600, batch_time: float | None = None
+) -> Callable[[Callable[[Any], Any]], Handler]:
     """Register the decorated function to be called with each job claimed from board ``name``.
 
-    Jobs are claimed ``batch`` at a time (most urgent, oldest first) and run one after the
-    other; ``batch=1`` leaves the rest of the board to other workers, for long jobs. Each claim
+    Jobs are claimed up to ``batch`` at a time (most urgent, oldest first; as many as fit
+    ``batch_time`` seconds of the handler's measured time) and run one after the other;
+    ``batch=1`` leaves the rest of the board to other workers, for long jobs. Each claim
     expires after ``expiry`` seconds unless renewed; the worker renews it while the batch is in
     hand. The board is created when the worker starts if it does not exist.
     """
     name = check_name(name, "name")
     batch = check_count(batch, "batch", minimum=1)
     expiry = check_seconds(expiry, "expiry", positive=True)
+    batch_time = check_seconds(batch_time, "batch_time", allow_none=True, non_negative=True)
 
     def decorate(func: Callable[[Any], Any]) -> Handler:
-        return _register(Handler("board", name, func, name, batch=batch, lease=expiry))
+        return _register(Handler("board", name, func, name, batch=batch, batch_time=batch_time, lease=expiry))
 
     return decorate
 

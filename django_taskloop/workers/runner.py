@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_for_sentinels
@@ -81,6 +82,18 @@ class Worker:
         self.inflight_lock = threading.Lock()
         # The next batch, claimed in the transaction that acknowledged the last one.
         self.prefetched: dict[Driver, list[Any]] = {}
+        # Finished items whose settle failed (a dropped connection, a deadlock that outlasted
+        # the engine's retries): kept, renewed by the heartbeat, and settled at the start of
+        # the next round and at stop, never run again. Likewise items to give back.
+        self.unsettled: dict[Driver, list[Any]] = {}
+        self.unreturned: dict[Driver, list[Any]] = {}
+        # Items of the running batch not started yet, and those of them that the heartbeat
+        # gave back at a stop (at once: only what runs gets the grace period).
+        self.unstarted: dict[Driver, deque[Any]] = {}
+        self.returned_early: dict[Driver, set[Any]] = {}
+        # Batch sizing: each handler's measured seconds per item, and the size of its last claim.
+        self.per_item: dict[Driver, float] = {}
+        self.sizes: dict[Driver, int] = {}
         # Done / failed / given back per driver, not yet written: the heartbeat thread writes
         # them once a second (THROUGHPUT_EVERY), off the batches' path.
         self.throughput: dict[Driver, list[int]] = {}
@@ -171,6 +184,7 @@ class Worker:
             while not self.stopping:
                 worked = 0
                 try:
+                    self._settle_pending()
                     for driver in self.drivers:
                         if self.stopping:
                             break
@@ -218,6 +232,7 @@ class Worker:
                     skip = set()  # the round claims from them, and deals with the error
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+            self._settle_at_stop()
             self._give_back_prefetched()
             beating.set()
             heart.join(timeout=30)
@@ -259,7 +274,7 @@ class Worker:
                 worked = 0
                 for pk, driver in by_pk.items():
                     if worth.get(pk) and not self.stopping:
-                        items = driver.claim(driver.handler.batch, checked=worth[pk] == "ready")
+                        items = driver.claim(self.batch_size(driver), checked=worth[pk] == "ready")
                         if items:
                             worked += self.run_batch(driver, items)
                 left = end - time.monotonic()
@@ -296,39 +311,73 @@ class Worker:
             raise
         logger.exception("worker %s: database error (%d in a row), retrying", self.identity, errors)
         connections.close_all()
-        self.wake.wait(min(5.0, 0.1 * 2**errors))
+        # Jitter keeps workers that met the same outage from coming back in step.
+        self.wake.wait(min(5.0, 0.1 * 2**errors) * random.uniform(0.5, 1.5))
         return errors
+
+    def batch_size(self, driver: Driver) -> int:
+        """Return how many items to claim for ``driver`` now: what fits the handler's
+        ``batch_time`` at its measured time per item, at least one, at most its ``batch``.
+
+        Before anything is measured a worker claims one item, and the size at most doubles
+        from claim to claim: a slow handler never hoards work that idle workers could start,
+        a fast one reaches its full batch within a few claims.
+        """
+        handler = driver.handler
+        target = handler.batch_time if handler.batch_time is not None else float(setting("BATCH_TIME"))
+        if target <= 0:
+            return handler.batch
+        per_item = self.per_item.get(driver)
+        if per_item is None:
+            return 1
+        fits = int(target / per_item) if per_item > 0 else handler.batch
+        return max(1, min(handler.batch, fits, 2 * self.sizes.get(driver, 1)))
+
+    def _measured(self, driver: Driver, started: int, seconds: float) -> None:
+        """Fold a batch's handler time into ``driver``'s time per item."""
+        if not started:
+            return
+        sample = seconds / started
+        last = self.per_item.get(driver)
+        self.per_item[driver] = sample if last is None else 0.5 * last + 0.5 * sample
 
     def run_batch(self, driver: Driver, first: Sequence[Any] = ()) -> int:
         """Claim one batch for ``driver``, run its handler on each item, settle; return the size.
 
-        ``first`` holds items already claimed (by a blocking wait) that start the batch.
+        ``first`` holds items already claimed (by a blocking wait) that start the batch. After
+        a stop signal nothing more is started: the items not started go back at once, and only
+        the one running gets the grace period.
         """
         tally = self.tallies[driver.handler.name]
         t0 = time.monotonic()
         items = list(first)
         if self.stopping:
             # A stop arrived while we waited: what the wait brought in goes straight back.
-            driver.give_back(items)
+            self._give_back(driver, items)
             tally.given_back += len(items)
             return 0
         if not items:
             # (After a blocking wait brought one item, run it at once: latency matters more
             # than the batch there, and the next round claims a full batch anyway.)
-            items = driver.claim(driver.handler.batch)
+            items = driver.claim(self.batch_size(driver))
         if not items:
             return 0
+        self.sizes[driver] = len(items)
         t1 = time.monotonic()
         with self.inflight_lock:
             self.inflight[driver] = list(items)
+            self.unstarted[driver] = deque(items)
+            self.returned_early[driver] = set()
         finished: list[Any] = []  # returned, or failed for good: settled as done
         settled: set[Any] = set()
-        done = failed = 0
+        done = failed = started = 0
         trace = logger.isEnabledFor(logging.DEBUG)
         try:
-            for item in items:
-                if self.aborting:
+            while True:
+                item = self._next_to_start(driver)
+                if item is None:
                     break
+                started += 1
                 if trace:
                     logger.debug("%s: started", driver.describe(item))
                 try:
@@ -373,30 +422,26 @@ class Worker:
             pass
         finally:
             t2 = time.monotonic()
+            self._measured(driver, started, t2 - t1)
             # Acknowledge what finished even when stopping: nothing done is run twice. Unless
             # stopping, claim the next batch in the same transaction.
-            left = [item for item in items if driver.key(item) not in settled]
-            more: list[Any] = []
-            if finished:
-                claim_next = 0 if (self.stopping or self.aborting or left) else driver.handler.batch
-                more = driver.done_and_claim(finished, claim_next)
-            if left:
-                driver.give_back(left)
-                if trace:
-                    for item in left:
-                        logger.debug("%s: given back", driver.describe(item))
             with self.inflight_lock:
-                self.inflight.pop(driver, None)
-                if more:
-                    # Held from now on: the heartbeat renews them until their batch runs.
-                    self.inflight[driver] = list(more)
-                    self.prefetched[driver] = more
-            self._record_throughput(driver, done, failed, len(left))
+                self.unstarted.pop(driver, None)
+                returned = self.returned_early.pop(driver, set())
+            settled |= returned
+            left = [item for item in items if driver.key(item) not in settled]
+            claim_next = 0 if (self.stopping or self.aborting or left) else self.batch_size(driver)
+            more, error = self._settle(driver, finished, left, claim_next)
+            if trace:
+                for item in left:
+                    logger.debug("%s: given back", driver.describe(item))
+            given_back = len(left) + len(returned)
+            self._record_throughput(driver, done, failed, given_back)
             t3 = time.monotonic()
             tally.batches += 1
             tally.done += done
             tally.failed += failed
-            tally.given_back += len(left)
+            tally.given_back += given_back
             tally.seconds += t3 - t0
             logger.info(
                 "%s: %d claimed, %d done, %d failed, %d given back; claim %.1f ms, run %.1f ms, settle %.1f ms",
@@ -404,12 +449,157 @@ class Worker:
                 len(items),
                 done,
                 failed,
-                len(left),
+                given_back,
                 (t1 - t0) * 1000,
                 (t2 - t1) * 1000,
                 (t3 - t2) * 1000,
             )
+            if error is not None:
+                # The run loop reconnects and backs off; the next round settles what is kept.
+                raise error
         return len(items)
+
+    def _next_to_start(self, driver: Driver) -> Any:
+        """Return the batch's next item to start, or ``None``: none left, or a stop came (then
+        nothing new starts). Taken under the lock the heartbeat gives unstarted items back
+        under, so an item is either started here or given back there, never both."""
+        with self.inflight_lock:
+            queue = self.unstarted.get(driver)
+            if self.stopping or not queue:
+                return None
+            return queue.popleft()
+
+    def _give_back_unstarted(self) -> None:
+        """At a stop (heartbeat thread): give back at once what the running batches claimed and
+        have not started, instead of when the item that runs has finished."""
+        with self.inflight_lock:
+            taken = {driver: list(queue) for driver, queue in self.unstarted.items() if queue}
+            for driver, items in taken.items():
+                self.unstarted[driver].clear()
+                keys = {driver.key(item) for item in items}
+                self.returned_early.setdefault(driver, set()).update(keys)
+                self.inflight[driver] = [
+                    i for i in self.inflight.get(driver, ()) if driver.key(i) not in keys
+                ]
+        for driver, items in taken.items():
+            try:
+                driver.give_back(items)
+            except Exception:
+                logger.exception(
+                    "%s: could not give back %s at the stop",
+                    driver.describe_queue(),
+                    _count(len(items), driver.noun),
+                )
+                self._keep(self.unreturned, driver, items)
+                continue
+            logger.info(
+                "%s: gave back %s not started, at the stop",
+                driver.describe_queue(),
+                _count(len(items), driver.noun),
+            )
+
+    def _settle(
+        self, driver: Driver, finished: list[Any], left: list[Any], claim_next: int
+    ) -> tuple[list[Any], BaseException | None]:
+        """Settle a batch: acknowledge what finished (claiming the next batch in the same
+        transaction when ``claim_next``) and give back ``left``.
+
+        Return the next batch and the database error met, if any. What could not be settled
+        is kept (:attr:`unsettled`, :attr:`unreturned`) for the next round, not stranded.
+        """
+        more: list[Any] = []
+        error: BaseException | None = None
+        if finished:
+            try:
+                more = driver.done_and_claim(finished, claim_next)
+            except (DatabaseError, DatabaseBusy) as raised:
+                error = raised
+                self._keep(self.unsettled, driver, finished)
+                logger.warning(
+                    "%s: could not settle %s (%s: %s); settling them in the next round",
+                    driver.describe_queue(),
+                    _count(len(finished), f"finished {driver.noun}"),
+                    type(raised).__name__,
+                    raised,
+                )
+        if left:
+            try:
+                self._give_back(driver, left, quiet=error is not None)
+            except (DatabaseError, DatabaseBusy) as raised:
+                error = error or raised
+        with self.inflight_lock:
+            self.inflight.pop(driver, None)
+            if more:
+                # Held from now on: the heartbeat renews them until their batch runs.
+                self.inflight[driver] = list(more)
+                self.prefetched[driver] = more
+        return more, error
+
+    def _give_back(self, driver: Driver, items: list[Any], quiet: bool = False) -> None:
+        """Give ``items`` back; if that fails, keep them to give back in the next round."""
+        if not items:
+            return
+        try:
+            driver.give_back(items)
+        except (DatabaseError, DatabaseBusy) as error:
+            self._keep(self.unreturned, driver, items)
+            if not quiet:
+                logger.warning(
+                    "%s: could not give back %s (%s: %s); trying again in the next round",
+                    driver.describe_queue(),
+                    _count(len(items), driver.noun),
+                    type(error).__name__,
+                    error,
+                )
+            raise
+
+    def _keep(self, kept: dict[Driver, list[Any]], driver: Driver, items: list[Any]) -> None:
+        with self.inflight_lock:
+            kept.setdefault(driver, []).extend(items)
+
+    def _settle_pending(self) -> None:
+        """Settle what earlier rounds could not: acknowledge finished items (alone, with no
+        claim), give back the rest. A database error leaves the rest kept and propagates (the
+        run loop reconnects and backs off, with jitter, before the next try)."""
+        for kept, settle, verb in (
+            (self.unsettled, "done", "settled"),
+            (self.unreturned, "give_back", "gave back"),
+        ):
+            for driver in list(kept):
+                items = kept[driver]
+                getattr(driver, settle)(items)
+                with self.inflight_lock:
+                    kept.pop(driver, None)
+                logger.info(
+                    "%s: %s %s kept from an earlier round",
+                    driver.describe_queue(),
+                    verb,
+                    _count(len(items), driver.noun),
+                )
+
+    def _settle_at_stop(self) -> None:
+        """At stop, try a few times more to settle what is kept; what still fails is logged
+        (its leases run out, or its consumer is found dead, and it runs again)."""
+        for attempt in range(3):
+            if not (self.unsettled or self.unreturned):
+                return
+            try:
+                self._settle_pending()
+                return
+            except (DatabaseError, DatabaseBusy):
+                logger.exception(
+                    "worker %s: settling at stop failed (try %d of 3)", self.identity, attempt + 1
+                )
+                connections.close_all()
+                time.sleep(0.2 * 2**attempt * random.uniform(0.5, 1.5))
+        for kept, what in ((self.unsettled, "finished"), (self.unreturned, "unstarted")):
+            for driver, items in kept.items():
+                logger.error(
+                    "%s: %s could not be settled before the worker stopped; they run again "
+                    "once their lease runs out",
+                    driver.describe_queue(),
+                    _count(len(items), f"{what} {driver.noun}"),
+                )
 
     def _record_failure(self, driver: Driver, item: Any, attempt: int, error: BaseException) -> None:
         """Keep what failed, with its traceback, for the operator (a Failure row)."""
@@ -482,6 +672,11 @@ class Worker:
         next_tick = 0.0 if self.ticker is not None and not self.burst else float("inf")
         try:
             while True:
+                # A beat that met a dropped connection must not leave this thread's connection
+                # broken for good (Django reconnects only at request boundaries).
+                drop_broken_connections()
+                if self.stopping:
+                    self._give_back_unstarted()
                 if time.monotonic() >= next_flush:
                     next_flush = time.monotonic() + THROUGHPUT_EVERY
                     self._flush_throughput()
@@ -513,7 +708,9 @@ class Worker:
                     # interval, so beating it more often would push its deadline ever further.
                     due[driver] = now + driver.beat_every
                     with self.inflight_lock:
-                        held = list(self.inflight.get(driver, ()))
+                        # Finished items not yet acknowledged are renewed too: they must not
+                        # come back to run again while this worker retries their settle.
+                        held = [*self.inflight.get(driver, ()), *self.unsettled.get(driver, ())]
                     try:
                         driver.renew(held)
                         driver.beat()
@@ -526,7 +723,10 @@ class Worker:
                     min([*due.values(), next_reap, next_process_beat, next_flush, next_tick])
                     - time.monotonic()
                 )
-                if stop.wait(max(0.01, pause)):
+                # Until a stop comes, the wait ends at the stop signal too (self.wake), so that
+                # what was claimed and not started goes back at once.
+                (stop if self.stopping else self.wake).wait(max(0.01, pause))
+                if stop.is_set():
                     return
         finally:
             self._flush_throughput()
@@ -559,6 +759,22 @@ class Worker:
                 elapsed,
                 rate,
             )
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 task``, ``2 tasks``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def drop_broken_connections() -> None:
+    """Close this thread's connections that an error left unusable, so the next use reconnects."""
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None or not connection.errors_occurred or connection.in_atomic_block:
+            continue
+        if connection.is_usable():
+            connection.errors_occurred = False
+        else:
+            connection.close()
 
 
 #: The signals that stop workers; the supervisor blocks them while it starts a child.

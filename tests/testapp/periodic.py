@@ -41,3 +41,14 @@ def broken() -> None:
 @periodic("*/2 * * * * *", name="t-every-2s")
 def every_two_seconds() -> None:
     log("periodic-2s", "t-every-2s")
+
+
+@periodic("0 0 1 1 *", name="t-async")
+async def yearly_async() -> None:
+    """An ``async def`` schedule: awaited, not dropped."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    await asyncio.sleep(0.01)
+    await sync_to_async(log)("periodic-async", "t-async")

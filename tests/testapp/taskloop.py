@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import time
@@ -79,3 +80,70 @@ def flaky(task: Any) -> None:
 
 if os.environ.get("TASKLOOP_TEST_PERIODIC"):
     from . import periodic  # noqa: F401  (the schedule tests' @periodic functions)
+
+
+# Issue 26: the edges of the worker. ---------------------------------------------------------
+
+
+async def _alog(kind: str, key: Any, phase: str = "end") -> None:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(log)(kind, key, phase)
+
+
+@tube("w-async")
+async def send_async(task: Any) -> None:
+    """An ``async def`` handler: awaited to completion, never acknowledged unrun."""
+    await asyncio.sleep(0.01)
+    await _alog("async-tube", task.id)
+
+
+@board("w-async-board")
+async def build_async(job: Any) -> None:
+    await asyncio.sleep(0.01)
+    await _alog("async-board", job.uuid)
+
+
+@loop(WorkerLoop, name="w-async-loop", lock_for=30)
+async def visit_async(item_id: int) -> None:
+    await asyncio.sleep(0.01)
+    await _alog("async-loop", item_id)
+
+
+@tube("w-async-stop")
+async def hang_async(task: Any) -> None:
+    """Starts, then waits far longer than any grace period: a hard stop must cut it off."""
+    await _alog("async-stop", task.id, "start")
+    try:
+        await asyncio.sleep(120)
+    except asyncio.CancelledError:
+        await _alog("async-stop", task.id, "cancelled")
+        raise
+    await _alog("async-stop", task.id)
+
+
+@tube("w-settle")
+def settle_later(task: Any) -> None:
+    """Does its work (logs it), then returns only once the file named by TASKLOOP_TEST_GO
+    exists: the test breaks the worker's database in between, so that the settle fails."""
+    log("settle", task.id, "start")
+    log("settle", task.id)
+    go = os.environ["TASKLOOP_TEST_GO"]
+    while not os.path.exists(go):
+        time.sleep(0.02)
+
+
+@tube("w-stop-start", batch=4, batch_time=0)
+def stop_start(task: Any) -> None:
+    """Claims four at a time (batch_time=0: a fixed batch) and sleeps ``data["sleep"]``."""
+    log("stop-start", task.id, "start")
+    time.sleep(task.data["sleep"])
+    log("stop-start", task.id)
+
+
+@tube("w-spread")
+def spread(task: Any) -> None:
+    """Sleeps ``data["sleep"]`` with the default batch sizing: slow work is not hoarded."""
+    log("spread", task.id, "start")
+    time.sleep(task.data["sleep"])
+    log("spread", task.id)
