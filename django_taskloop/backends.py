@@ -22,7 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, router, transaction
 from django.utils.module_loading import import_string
 
-from .exceptions import NotFound, TaskExpired
+from .exceptions import NotFound
 from .task_options import TaskloopTask, task_key
 
 try:  # Django 6.0+
@@ -152,6 +152,7 @@ if BaseTaskBackend is not None:
                 args=normalize_json(list(args)),
                 kwargs=normalize_json(dict(kwargs)),
                 enqueued_at=engine.DbNow(),
+                ttl=getattr(task, "ttl", None),
             )
             if _has_options(task):
                 return self._enqueue_with_options(task, record, using, args, kwargs)
@@ -303,16 +304,25 @@ if BaseTaskBackend is not None:
             return waiting.order_by("enqueued_at", "pk").first()
 
         def get_result(self, result_id: str) -> Any:
-            """Return the ``TaskResult`` of ``result_id`` as it is now."""
+            """Return the ``TaskResult`` of ``result_id`` as it is now.
+
+            A task past its ``ttl`` reads FAILED (``TaskExpired``) at once, as the worker that
+            reaches it will record it (:meth:`TaskRecord.expiry`), not READY until then.
+            """
+            from . import engine
             from .models import TaskRecord
 
             try:
                 record = TaskRecord.objects.get(pk=result_id, backend=self.alias)
             except (TaskRecord.DoesNotExist, ValueError, TypeError):
                 raise TaskResultDoesNotExist(result_id) from None
-            return self._to_result(record)
+            expired = None
+            if record.ttl_deadline() is not None:
+                expired = record.expiry(engine.db_now(record._state.db or "default"))
+            return self._to_result(record, expired=expired)
 
-        def _to_result(self, record: Any, task: Any = None) -> Any:
+        def _to_result(self, record: Any, task: Any = None, expired: BaseException | None = None) -> Any:
+            """Return ``record`` as a ``TaskResult``; ``expired``: it is past its ttl (FAILED)."""
             if task is None:
                 try:
                     task = self._stored_task(record)
@@ -325,18 +335,23 @@ if BaseTaskBackend is not None:
                         queue_name=record.queue_name,
                         backend=self.alias,
                     )
+            status, finished_at, errors = record.status, record.finished_at, record.errors
+            if expired is not None:
+                # What the worker will record when it reaches the task (see execute).
+                status, finished_at = "FAILED", record.ttl_deadline()
+                errors = [*errors, _error_entry(expired)]
             result = TaskResult(
                 task=task,
                 id=record.id,
-                status=TaskResultStatus[record.status],
+                status=TaskResultStatus[status],
                 enqueued_at=record.enqueued_at,
                 started_at=record.started_at,
-                finished_at=record.finished_at,
+                finished_at=finished_at,
                 last_attempted_at=record.last_attempted_at,
                 args=record.args,
                 kwargs=record.kwargs,
                 backend=self.alias,
-                errors=[TaskError(**error) for error in record.errors],
+                errors=[TaskError(**error) for error in errors],
                 worker_ids=list(record.worker_ids),
             )
             object.__setattr__(result, "_return_value", record.return_value)
@@ -375,16 +390,14 @@ if BaseTaskBackend is not None:
                     # Finished already: the worker that ran it died before acknowledging.
                     return None
                 now = engine.db_now(using)
-                ttl = options.get("ttl")
-                if ttl is not None and record.started_at is None:
-                    # The ttl counts from the enqueue, or from run_after (a delay extends it,
-                    # as in the tube), on the database's clock like every deadline.
-                    since = max(record.enqueued_at, record.run_after or record.enqueued_at)
-                    if (now - since).total_seconds() > ttl:
-                        expired.append(
-                            TaskExpired(f"not started within its ttl of {ttl:g} s (since {since})")
-                        )
-                        return record
+                # The ttl counts from the enqueue, or from run_after (a delay extends it, as in
+                # the tube), on the database's clock like every deadline: TaskRecord.expiry,
+                # which get_result() reads too. (The option in the data: records stored
+                # before TaskRecord.ttl existed.)
+                error = record.expiry(now, ttl=options.get("ttl"))
+                if error is not None:
+                    expired.append(error)
+                    return record
                 record.status = TaskRecordStatus.RUNNING
                 record.started_at = record.started_at or now
                 record.last_attempted_at = now
@@ -396,7 +409,9 @@ if BaseTaskBackend is not None:
             if record is None:
                 return
             if expired:
-                self._finish(manager, record, TaskRecordStatus.FAILED, None, expired[0])
+                # It ended at its deadline, as get_result() has said since then.
+                deadline = record.ttl_deadline(options.get("ttl"))
+                self._finish(manager, record, TaskRecordStatus.FAILED, None, expired[0], finished_at=deadline)
                 raise FailedForGood(f"task {record.id} ({record.task_path}) expired") from expired[0]
             try:
                 task = self._stored_task(record)
@@ -520,7 +535,7 @@ if BaseTaskBackend is not None:
                 if options:
                     data["options"] = options
                 manager.filter(pk=record.pk).update(
-                    status=TaskRecordStatus.READY, finished_at=None, return_value=None
+                    status=TaskRecordStatus.READY, finished_at=None, return_value=None, ttl=None
                 )
                 tube = _tube(using, record.queue_name, keyed=key is not None)
                 tube.put(data, pri=100 - record.priority, ttr=ttr, utube=key)
@@ -541,16 +556,25 @@ if BaseTaskBackend is not None:
             return task
 
         def _finish(
-            self, manager: Any, record: Any, status: str, value: Any, error: BaseException | None
+            self,
+            manager: Any,
+            record: Any,
+            status: str,
+            value: Any,
+            error: BaseException | None,
+            finished_at: Any = None,
         ) -> None:
-            """Record how the task ended and send ``task_finished``."""
+            """Record how the task ended (``finished_at``: default now) and send ``task_finished``."""
             from . import engine
 
             errors = list(record.errors)
             if error is not None:
                 errors.append(_error_entry(error))
             manager.filter(pk=record.pk).update(
-                status=status, return_value=value, errors=errors, finished_at=engine.DbNow()
+                status=status,
+                return_value=value,
+                errors=errors,
+                finished_at=finished_at if finished_at is not None else engine.DbNow(),
             )
             record.refresh_from_db()
             task_finished.send(type(self), task_result=self._to_result(record))

@@ -11,7 +11,7 @@ import hmac
 from collections.abc import Iterable
 from typing import Any
 
-from django.db.models import Count, Min, Q
+from django.db.models import Min, Q
 from django.http import HttpRequest, HttpResponse
 
 from . import engine
@@ -43,14 +43,12 @@ def queue_gauges() -> Iterable[tuple[str, str, dict[str, int], float]]:
     from .reaper import _loop_models
 
     now = engine.db_now("default")
-    state_names = {"r": "ready", "t": "taken", "~": "delayed", "!": "buried"}
     for tube in Tube.objects.order_by("name"):
         tasks = Task.objects.filter(tube=tube)
-        counts = {name: 0 for name in state_names.values()}
-        for state, n in tasks.order_by().values_list("state").annotate(n=Count("pk")):
-            counts[state_names.get(state, state)] = n
+        # Task.objects' named states: a task past its ttl is "expired", never "ready".
+        counts = tasks.state_counts()
         # The head of the claim order (one index read): the task the next take gets.
-        head = tasks.filter(state="r").order_by(*tube._order()).values_list("created", flat=True).first()
+        head = tasks.ready().order_by(*tube._order()).values_list("created", flat=True).first()
         yield "task", tube.name, counts, _age(head, now)
     for board in JobBoard.objects.order_by("name"):
         jobs = Job.objects.filter(board=board)

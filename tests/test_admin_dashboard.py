@@ -85,3 +85,17 @@ def test_bar_chart_escapes_labels_and_scales_bars():
     widths = [int(w) for w in re.findall(r'<rect x="\d+" y="[\d.]+" width="(\d+)"', svg)]
     assert widths[0] == 2 * widths[1] and widths[2] == 0
     assert "no data" in bar_chart([], title="empty")
+
+
+def test_expired_task_is_not_ready_on_the_dashboard(client):
+    from django_taskloop.engine import DbNow
+    from django_taskloop.models import Task
+
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    tube = Tube.objects.create_tube("mail", "fifottl")
+    gone = tube.put("old", ttl=1)
+    Task.objects.filter(pk=gone.pk).update(ttl_at=DbNow(-1))
+    tube.bury(tube.put("buried").pk)
+    page = client.get(reverse(URL)).content.decode()
+    assert "<title>expired: 1</title>" in page and "<title>buried: 1</title>" in page
+    assert "<title>ready: 1</title>" not in page

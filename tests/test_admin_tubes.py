@@ -211,3 +211,29 @@ def test_stats_of_a_big_tube_cap_the_counts_and_offer_the_exact_statistics(boss,
     page = boss.get(url, {"exact": "1"}).content.decode()
     assert "Task counts stop" not in page
     assert f"<title>ready: {exact['tasks']['ready']}</title>" in page
+
+
+def _expire(task: Task) -> None:
+    """Move ``task``'s ttl deadline into the past (database clock), as waiting would."""
+    from django_taskloop.engine import DbNow
+
+    Task.objects.filter(pk=task.pk).update(ttl_at=DbNow(-1))
+
+
+def test_expired_task_is_not_ready_in_the_task_list(boss, tube):
+    _expire(task(0))  # ready, its ttl ran out, no worker came
+    page = boss.get(reverse(LIST)).content.decode()
+    assert page.count('class="tl-state tl-ready"') == 1  # only the fifo tube's task
+    assert page.count('class="tl-state tl-expired"') == 1
+    assert shown(boss.get(reverse(LIST), {"state": "ready"}).content.decode()) == {4}
+    assert shown(boss.get(reverse(LIST), {"state": "expired"}).content.decode()) == {0}
+
+
+def test_expired_task_is_not_ready_on_the_statistics_page(boss, tube):
+    _expire(task(0))
+    page = boss.get(reverse("admin:django_taskloop_tube_stats", args=[tube.pk])).content.decode()
+    rows = dict(re.findall(r"<code>(tasks\.\w+)</code></th><td class=\"num\">(\d+)</td>", page))
+    assert rows["tasks.ready"] == "0", rows
+    assert rows["tasks.expired"] == "1", rows
+    assert rows["tasks.overdue"] == "0", rows
+    assert Task.objects.filter(pk=task(0).pk).exists()  # a page view only reads

@@ -65,3 +65,27 @@ def test_a_scrape_changes_nothing(boss):
     time.sleep(0.05)  # its ttr ran out: a read must not return it to ready
     scrape(boss)
     assert tube._tasks().get(pk=taken.id).state == "t"
+
+
+def test_expired_task_is_not_ready_in_metrics(boss):
+    """put(ttl=…), its ttl runs out, no worker: not ready, and no oldest ready age growing."""
+    from django_taskloop.engine import DbNow
+    from django_taskloop.models import Task
+
+    tube = Tube.objects.create_tube("mail", "fifottl")
+    gone = tube.put("old", ttl=1)
+    Task.objects.filter(pk=gone.pk).update(ttl_at=DbNow(-1), created=DbNow(-3600))
+    _status, text = scrape(boss)
+    assert 'taskloop_items{queue="mail",kind="task",state="ready"} 0' in text.splitlines()
+    assert 'taskloop_items{queue="mail",kind="task",state="expired"} 1' in text.splitlines()
+    assert 'taskloop_oldest_ready_seconds{queue="mail",kind="task"} 0' in text.splitlines()
+    # A live task behind it is what the next take gets: its age, not the expired one's.
+    tube.put("new", ttl=3600)
+    _status, text = scrape(boss)
+    assert 'taskloop_items{queue="mail",kind="task",state="ready"} 1' in text.splitlines()
+    (age,) = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith('taskloop_oldest_ready_seconds{queue="mail"')
+    ]
+    assert age < 3000

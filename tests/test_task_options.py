@@ -234,6 +234,36 @@ def test_a_task_started_within_its_ttl_runs_and_run_after_extends_the_ttl():
     assert WorkLog.objects.filter(kind="ttl").count() == 2
 
 
+@pytest.mark.django_db(transaction=True)
+def test_expired_task_is_not_ready_in_get_result():
+    """A task past its ttl reads FAILED (TaskExpired) at once, not READY until a worker
+    reaches it; the worker then records that same end."""
+    late = t.must_start_soon.enqueue("late")
+    age(late, 61)
+    expired = backend().get_result(late.id)
+    assert expired.status == TaskResultStatus.FAILED
+    (failure,) = expired.errors
+    assert failure.exception_class is TaskExpired
+    assert "not started within its ttl of 60 s" in failure.traceback
+    assert expired.finished_at is not None and expired.started_at is None
+    # using(ttl=…) for one call counts too; a task still within its ttl is READY.
+    short = t.must_start_soon.using(ttl=5).enqueue("short")
+    age(short, 6)
+    assert backend().get_result(short.id).status == TaskResultStatus.FAILED
+    in_time = t.must_start_soon.enqueue("in time")
+    age(in_time, 59)
+    assert backend().get_result(in_time.id).status == TaskResultStatus.READY
+    # The worker reaches it: the same status, error and end time as read before.
+    assert "expired" in str(run_one())
+    recorded = backend().get_result(late.id)
+    assert recorded.status == TaskResultStatus.FAILED
+    assert recorded.finished_at == expired.finished_at
+    assert [e.traceback for e in recorded.errors] == [e.traceback for e in expired.errors]
+    # A retry asked for by an operator runs with no ttl: READY, not expired again.
+    assert backend().retry(late.id).status == TaskResultStatus.READY
+    assert backend().get_result(late.id).status == TaskResultStatus.READY
+
+
 # ttr ----------------------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
+from django_taskloop.engine import db_now
 from django_taskloop.exceptions import NotFound, NotTaken, TaskloopError, TubeError
 from django_taskloop.models import Task, Tube
 from django_taskloop.models import tubes as tubes_module
@@ -915,3 +916,64 @@ def test_a_workers_heartbeat_leaves_tasks_without_a_deadline_alone():
         q for q in queries.captured_queries if "taskloop_task" in q["sql"].replace("taskloop_tube", "")
     ]
     assert tube.statistics()["calls"]["touch"] == 0
+
+
+# -- expired is not ready (issue 26, item 5) -----------------------------------------------
+
+
+def _expire(*tasks: Task, taken: bool = False) -> None:
+    """Move the ttl deadline of ``tasks`` into the past (database clock), as waiting would."""
+    from django_taskloop.engine import DbNow
+
+    changes = {"ttl_at": DbNow(-1)}
+    if taken:
+        changes["event_at"] = DbNow(-1)  # a taken task's ttr deadline never passes its ttl
+    Task.objects.filter(pk__in=[t.pk for t in tasks]).update(**changes)
+
+
+@pytest.mark.parametrize("type", TTL)
+def test_expired_task_is_not_ready_in_statistics_that_only_read(type):
+    """The issue's case: put(ttl=1), wait, no worker. A page view's statistics only read, and
+    must not count a task past its ttl as ready (nor taken or buried): Tarantool removes it."""
+    tube = make(type, ttr=600)
+    taken = tube.put({"n": 0}, ttl=1)
+    assert tube.take(0, consumer="w1").pk == taken.pk
+    _expire(taken, taken=True)
+    ready = tube.put({"n": 1}, ttl=1)
+    _expire(ready)
+    buried = tube.bury(tube.put({"n": 2}, ttl=1).pk)
+    _expire(buried)
+    tube.put({"n": 3}, ttl=3600, utube="other")
+    stats = tube.statistics(apply_transitions=False)
+    tasks = stats["tasks"]
+    assert (tasks["ready"], tasks["taken"], tasks["buried"], tasks["delayed"]) == (1, 0, 0, 0), tasks
+    assert tasks["expired"] == 3 and tasks["total"] == 1, tasks
+    assert stats["calls"]["put"] == 4
+    assert Task.objects.filter(tube=tube).count() == 4  # only read: nothing was removed
+    # Applying the transitions removes them, as Tarantool's ttl does.
+    assert tube.statistics()["tasks"] == {
+        "taken": 0,
+        "buried": 0,
+        "ready": 1,
+        "delayed": 0,
+        "done": 3,
+        "total": 1,
+    }
+
+
+@pytest.mark.parametrize("type", TTL)
+def test_expired_task_is_not_ready_in_the_named_states(type):
+    tube = make(type)
+    alive = tube.put({"n": 0}, ttl=3600)
+    gone = tube.put({"n": 1}, ttl=1)
+    delayed = tube.put({"n": 2}, delay=600)
+    _expire(gone)
+    tasks = Task.objects.filter(tube=tube)
+    assert list(tasks.ready()) == [alive]
+    assert list(tasks.expired()) == [gone]
+    assert list(tasks.delayed()) == [delayed]
+    assert not tasks.taken().exists() and not tasks.buried().exists()
+    assert tasks.state_counts() == {"ready": 1, "taken": 0, "delayed": 1, "buried": 0, "expired": 1}
+    now = db_now()
+    assert [t.current_state(now) for t in tasks.order_by("pk")] == ["ready", "expired", "delayed"]
+    assert Task.objects.get(pk=gone.pk).current_state() == "expired"

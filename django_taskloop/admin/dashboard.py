@@ -141,13 +141,7 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
                 if not exact:
                     capped.add(f"task {state}")
             # The head of the claim order: the task the next take gets, and how long it waited.
-            head = (
-                tube._tasks()
-                .filter(state="r")
-                .order_by(*tube._order())
-                .values_list("created", flat=True)
-                .first()
-            )
+            head = tube._tasks().ready().order_by(*tube._order()).values_list("created", flat=True).first()
             empty_tube = not any(count for count, _exact in depth.values())
             cards.append(
                 {

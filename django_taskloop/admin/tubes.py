@@ -19,7 +19,18 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder, NumericRangeFilterBuilder
 
 from .. import engine
-from ..models.tubes import BURIED, DELAYED, READY, TAKEN, TTL_TYPES, Task, Tube, TubeStat, calls_from
+from ..models.tubes import (
+    BURIED,
+    DELAYED,
+    STORED_STATES,
+    TAKEN,
+    TASK_STATES,
+    TTL_TYPES,
+    Task,
+    Tube,
+    TubeStat,
+    calls_from,
+)
 from .base import (
     TaskloopAdminMixin,
     dashboard_url,
@@ -35,22 +46,20 @@ from .operating import failure_history, last_failure_note
 
 __all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "set_task", "tube_depth", "tube_overview"]
 
-TASK_STATES = {READY: "ready", TAKEN: "taken", DELAYED: "delayed", BURIED: "buried"}
-
 
 class TaskStateFilter(admin.SimpleListFilter):
-    """Ready, taken, delayed or buried (``state`` leads the tube's claim index after the tube)."""
+    """Ready, taken, delayed, buried or expired: the named states of ``Task.objects``, read
+    with the database's clock (``state`` leads the tube's claim index after the tube)."""
 
     title = _("state")
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [(name, _(name)) for name in TASK_STATES.values()]
+        return [(name, _(name)) for name in TASK_STATES]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        codes = {name: code for code, name in TASK_STATES.items()}
-        code = codes.get(self.value() or "")
-        return queryset if code is None else queryset.filter(state=code)
+        name = self.value()
+        return queryset.in_state(name) if name in TASK_STATES else queryset
 
 
 class PriorityRangeFilter(NumericRangeFilterBuilder(title=_("priority"))):  # type: ignore[misc]
@@ -65,7 +74,7 @@ class PriorityRangeFilter(NumericRangeFilterBuilder(title=_("priority"))):  # ty
         filtered = super().queryset(request, queryset)
         if filtered is queryset:
             return queryset
-        return filtered.filter(state__in=list(TASK_STATES))
+        return filtered.filter(state__in=list(STORED_STATES.values()))
 
 
 class EventRangeFilter(DateTimeRangeFilterBuilder(title=_("next event (delay end, ttr)"))):  # type: ignore[misc]
@@ -75,7 +84,7 @@ class EventRangeFilter(DateTimeRangeFilterBuilder(title=_("next event (delay end
         filtered = super().queryset(request, queryset)
         if filtered is queryset:
             return queryset
-        return filtered.filter(state__in=list(TASK_STATES))
+        return filtered.filter(state__in=list(STORED_STATES.values()))
 
 
 def set_task(task: Task, **changes: Any) -> int:
@@ -191,8 +200,11 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("state"))
     def task_state(self, obj: Task) -> str:
-        name = TASK_STATES.get(obj.state, obj.state)
         now = self.now()
+        name = obj.current_state(now)
+        if name == "expired":
+            # Its ttl ran out: no take gets it, and the next call on the tube removes it.
+            return format_html("{} <small>{}</small>", state_badge(_(name), name), _("ttl ran out"))
         if obj.state in (DELAYED, TAKEN) and obj.event_at is not None and obj.event_at <= now:
             # The timer ran out; the next call on the tube makes it ready.
             return format_html("{} <small>{}</small>", state_badge(_(name), name), _("overdue"))
@@ -321,13 +333,15 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 def tube_depth(tube: Tube, cap: int = 100_000) -> dict[str, tuple[int, bool]]:
     """Return ``{state: (count, exact)}`` of a tube's tasks, each count stopping at ``cap``.
 
-    One range of the (tube, state, pri, id) index per state, instead of ``statistics()``'s
-    count of every task: the dashboard stays fast at millions of tasks.
+    The states are ``Task.objects``' named states (``expired`` included). One range of the
+    (tube, state, pri, id) index per state (of the ttl index for ``expired``), instead of
+    ``statistics()``'s count of every task: the dashboard stays fast at millions of tasks.
     """
     using = tube._state.db or router.db_for_read(Task)
+    tasks = Task.objects.using(using).filter(tube=tube)
     depth = {}
-    for code, name in TASK_STATES.items():
-        count = Task.objects.using(using).filter(tube=tube, state=code).order_by()[: cap + 1].count()
+    for name in TASK_STATES:
+        count = tasks.in_state(name).order_by()[: cap + 1].count()
         depth[name] = (min(count, cap), count <= cap)
     return depth
 
@@ -349,12 +363,14 @@ def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
         counted = True
     else:
         sums = TubeStat.objects.using(using).filter(tube_id=tube.pk).sums()
-        tasks = {name: count for name, (count, _is_exact) in depth.items()}
+        # statistics(apply_transitions=False)'s shape: expired tasks are in no state's count.
+        tasks = {name: depth[name][0] for name in ("taken", "buried", "ready", "delayed")}
+        tasks["total"] = sum(tasks.values())
         tasks["done"] = sums["done"]
-        tasks["total"] = sum(count for count, _is_exact in depth.values())
+        tasks["expired"] = depth["expired"][0]
         # calls.put is derived from the number of tasks: at least this many, like the counts.
-        stats = {"tasks": tasks, "calls": calls_from(sums, tasks["total"])}
-    taken = Task.objects.using(using).filter(tube=tube, state=TAKEN)
+        stats = {"tasks": tasks, "calls": calls_from(sums, tasks["total"] + tasks["expired"])}
+    taken = Task.objects.using(using).filter(tube=tube).taken()
     # The (tube, state, event_at) index: the taken task whose ttr runs out first.
     first_deadline = (
         taken.filter(event_at__isnull=False).order_by("event_at").values_list("event_at", flat=True).first()
@@ -430,7 +446,7 @@ class TubeAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         # "Retry everything that failed for good" on the chosen tubes.
         kicked = 0
         for tube in queryset:
-            buried = Task.objects.using(queryset.db).filter(tube=tube, state=BURIED).count()
+            buried = Task.objects.using(queryset.db).filter(tube=tube).buried().count()
             if buried:
                 kicked += tube.kick(buried)
         self.message_user(request, f"Kicked {kicked} task(s).", messages.SUCCESS)
@@ -470,7 +486,7 @@ class TubeAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             "rows": rows,
             "charts": [
                 bar_chart(
-                    [(name, tasks[name]) for name in ("ready", "taken", "delayed", "buried")],
+                    [(name, tasks.get(name, 0)) for name in TASK_STATES],
                     title=str(_("Tasks by state")),
                 ),
                 bar_chart(list(stats["calls"].items()), title=str(_("Calls"))),

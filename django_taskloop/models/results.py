@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import secrets
 
 from django.db import models
+
+from ..exceptions import TaskExpired
 
 __all__ = ["TaskRecord", "TaskRecordStatus"]
 
@@ -51,6 +54,9 @@ class TaskRecord(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    #: Seconds the task may wait to start, counted from ``enqueued_at`` or, if later,
+    #: ``run_after`` (the ``ttl`` option; ``None``: for ever). See :meth:`expiry`.
+    ttl = models.FloatField(null=True, blank=True)
 
     class Meta:
         app_label = "django_taskloop"
@@ -63,3 +69,29 @@ class TaskRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_path} [{self.status}] {self.id}"
+
+    def ttl_deadline(self, ttl: float | None = None) -> dt.datetime | None:
+        """Return when the task, not started yet, expires (``None``: it does not).
+
+        ``ttl`` stands in for :attr:`ttl` on records stored without it (enqueued before the
+        column existed: their tube task's data carries it)."""
+        ttl = self.ttl if self.ttl is not None else ttl
+        if ttl is None or self.started_at is not None or self.enqueued_at is None:
+            return None
+        return self._ttl_since() + dt.timedelta(seconds=ttl)
+
+    def _ttl_since(self) -> dt.datetime:
+        # A run_after later than the enqueue extends the lifetime, as a delay does in a tube.
+        return max(self.enqueued_at, self.run_after or self.enqueued_at)  # type: ignore[type-var]
+
+    def expiry(self, now: dt.datetime, ttl: float | None = None) -> TaskExpired | None:
+        """Return why the task has expired at ``now`` (the database's clock), else ``None``.
+
+        The single definition of an expired Django Task: READY and not started past its
+        :meth:`ttl_deadline`. ``get_result()`` reads it as FAILED at once; the worker that
+        reaches it records that end and never calls the task."""
+        deadline = self.ttl_deadline(ttl)
+        if deadline is None or self.status != TaskRecordStatus.READY or now <= deadline:
+            return None
+        ttl = self.ttl if self.ttl is not None else ttl
+        return TaskExpired(f"not started within its ttl of {ttl:g} s (since {self._ttl_since()})")

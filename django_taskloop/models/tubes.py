@@ -49,13 +49,30 @@ from . import operating
 
 logger = logging.getLogger("django_taskloop.tubes")
 
-__all__ = ["Tube", "Task", "TubeManager", "TubeStat", "Consumer", "TubeWaiter", "default_consumer"]
+__all__ = [
+    "Tube",
+    "Task",
+    "TaskQuerySet",
+    "TubeManager",
+    "TubeStat",
+    "Consumer",
+    "TubeWaiter",
+    "default_consumer",
+]
 
 TUBE_TYPES = ("fifo", "fifottl", "utube", "utubettl")
 TTL_TYPES = ("fifottl", "utubettl")
 UTUBE_TYPES = ("utube", "utubettl")
 
 READY, TAKEN, DONE, BURIED, DELAYED = "r", "t", "-", "!", "~"
+
+#: The stored state of a live task by its name. What a task *is* also depends on the clock:
+#: see :class:`TaskQuerySet` and :meth:`Task.current_state`.
+STORED_STATES = {"ready": READY, "taken": TAKEN, "delayed": DELAYED, "buried": BURIED}
+#: What a task of a tube is now, read with the database's clock: a stored state, or
+#: ``"expired"`` once its ttl deadline has passed (whatever it is stored as: the next call on
+#: the tube removes it, as Tarantool's ttl does; a take never gets it, an ack of it fails).
+TASK_STATES = ("ready", "taken", "delayed", "buried", "expired")
 
 #: Tarantool's call counters, in the order statistics() lists them; ``delete`` is stored as
 #: ``deleted`` so that the model does not shadow ``Model.delete()``.
@@ -161,6 +178,16 @@ def _taken_key() -> Any:
         default=Concat(Value("."), F("utube")),
         output_field=models.CharField(),
     )
+
+
+def _alive() -> Q:
+    """Tasks whose ttl deadline has not passed (NULL: never)."""
+    return Q(ttl_at__isnull=True) | Q(ttl_at__gt=engine.DbNow())
+
+
+def _expired() -> Q:
+    """Tasks whose ttl deadline has passed: the single definition of "expired"."""
+    return Q(ttl_at__lte=engine.DbNow())
 
 
 # -- per-process state ---------------------------------------------------------------------
@@ -817,7 +844,7 @@ class Tube(models.Model):
     def _claimable(self) -> Q:
         claimable = Q(state=READY)
         if self._has_ttl:
-            claimable &= Q(ttl_at__isnull=True) | Q(ttl_at__gt=engine.DbNow())
+            claimable &= _alive()
         else:
             # fifo/utube tasks all have pri 0: saying so lets the (tube, state, pri, id) index
             # serve the id order.
@@ -827,7 +854,7 @@ class Tube(models.Model):
             # one comes before it. Two consumers then aim at the same row (one wins under
             # SKIP LOCKED) instead of at two rows of one sub-queue, which the unique
             # taken_key would refuse only after one waited for the other's commit.
-            alive = Q(ttl_at__isnull=True) | Q(ttl_at__gt=engine.DbNow()) if self._has_ttl else Q()
+            alive = _alive() if self._has_ttl else Q()
             before = Q(pri__lt=OuterRef("pri")) | Q(pri=OuterRef("pri"), id__lt=OuterRef("id"))
             ahead = Q(state=TAKEN) | Q(alive, before, state=READY)
             siblings = Task.objects.filter(tube_id=self.pk)
@@ -1175,8 +1202,7 @@ class Tube(models.Model):
 
         def work() -> int:
             self._ensure_exists()
-            alive = Q(ttl_at__isnull=True) | Q(ttl_at__gt=engine.DbNow())
-            rows = self._tasks().filter(alive, state=BURIED).order_by(*self._order())
+            rows = self._tasks().buried().order_by(*self._order())
             # count may be any int: more than any table holds must not overflow LIMIT.
             limit = min(count, engine.MAX_LIMIT)
             tasks = list(rows.select_for_update(skip_locked=engine.features(self._using).skip_locked)[:limit])
@@ -1281,31 +1307,22 @@ class Tube(models.Model):
 
         Like Tarantool, it first applies the transitions that are due (delays and ttrs that ran
         out, dead consumers' tasks). ``apply_transitions=False`` only reads — what a page view
-        wants: tasks whose timer ran out are then still counted where they are, and
-        ``tasks["overdue"]`` says how many of them there are.
+        wants: tasks whose delay or ttr ran out are then still counted where they are, and
+        ``tasks["overdue"]`` says how many of them there are; tasks past their ttl are counted
+        in no state but in ``tasks["expired"]`` (the next call removes them).
         """
         if apply_transitions:
             self.tidy()
-        by_state = dict(
-            self._tasks().order_by().values("state").annotate(n=Count("pk")).values_list("state", "n")
-        )
+        counts = self._tasks().state_counts()
         sums = TubeStat.objects.using(self._using).filter(tube_id=self.pk).sums()
-        tasks = {
-            "taken": by_state.get(TAKEN, 0),
-            "buried": by_state.get(BURIED, 0),
-            "ready": by_state.get(READY, 0),
-            "delayed": by_state.get(DELAYED, 0),
-            "done": sums["done"],
-        }
+        tasks = {name: counts[name] for name in ("taken", "buried", "ready", "delayed")}
+        tasks["done"] = sums["done"]
         tasks["total"] = tasks["taken"] + tasks["buried"] + tasks["ready"] + tasks["delayed"]
         if not apply_transitions:
-            tasks["overdue"] = (
-                self._tasks()
-                .filter(state__in=[TAKEN, DELAYED], event_at__lte=engine.DbNow())
-                .order_by()
-                .count()
-            )
-        return {"tasks": tasks, "calls": calls_from(sums, tasks["total"])}
+            # Still rows, so still in calls.put, but counted in no state: the next call removes them.
+            tasks["expired"] = counts["expired"]
+            tasks["overdue"] = self._tasks().overdue().order_by().count()
+        return {"tasks": tasks, "calls": calls_from(sums, tasks["total"] + counts["expired"])}
 
     def on_task_change(
         self, callback: Callable[[Task, str], Any] | None
@@ -1321,6 +1338,60 @@ class Tube(models.Model):
         else:
             _callbacks[key] = callback
         return previous
+
+
+class TaskQuerySet(models.QuerySet["Task"]):
+    """Named states of tasks, read with the database's clock: the single definition of each,
+    used by ``statistics()``, the admin and the metrics.
+
+    A task past its ttl deadline is :meth:`expired` whatever state it is stored in (a taken
+    one's ttr deadline is never later than its ttl: it would go back to ready, then be
+    removed), and in no other state.
+    """
+
+    def ready(self) -> TaskQuerySet:
+        """Tasks a take may get (utube: if their sub-queue is free)."""
+        return self.filter(_alive(), state=READY)
+
+    def taken(self) -> TaskQuerySet:
+        return self.filter(_alive(), state=TAKEN)
+
+    def delayed(self) -> TaskQuerySet:
+        return self.filter(_alive(), state=DELAYED)
+
+    def buried(self) -> TaskQuerySet:
+        return self.filter(_alive(), state=BURIED)
+
+    def expired(self) -> TaskQuerySet:
+        """Tasks past their ttl deadline, not removed yet (the next call on the tube does)."""
+        return self.filter(_expired())
+
+    def overdue(self) -> TaskQuerySet:
+        """Taken or delayed tasks whose ttr or delay ran out, not applied yet (the next call
+        on the tube makes them ready)."""
+        return self.filter(_alive(), state__in=[TAKEN, DELAYED], event_at__lte=engine.DbNow())
+
+    def in_state(self, name: str) -> TaskQuerySet:
+        """The tasks in state ``name``, one of :data:`TASK_STATES`."""
+        if name not in TASK_STATES:
+            raise ValueError(f"name must be one of {', '.join(TASK_STATES)}, not {name!r}")
+        return getattr(self, name)()
+
+    def state_counts(self) -> dict[str, int]:
+        """Return ``{state: number of tasks}`` for every name of :data:`TASK_STATES` (one read)."""
+        counts = dict.fromkeys(TASK_STATES, 0)
+        names = {code: name for name, code in STORED_STATES.items()}
+        rows = (
+            self.order_by()
+            .values("state")
+            .annotate(n=Count("pk"), expired=Count("pk", filter=_expired()))
+            .values_list("state", "n", "expired")
+        )
+        for state, n, expired in rows:
+            counts["expired"] += expired
+            if state in names:
+                counts[names[state]] += n - expired
+        return counts
 
 
 class Task(models.Model):
@@ -1350,6 +1421,8 @@ class Task(models.Model):
     data = models.JSONField(null=True, blank=True)
     #: Times the task has been taken (workers bury it after TASKLOOP["MAX_ATTEMPTS"] failures).
     attempts = models.PositiveIntegerField(default=0, editable=False)
+
+    objects = TaskQuerySet.as_manager()
 
     class Meta:
         app_label = "django_taskloop"
@@ -1389,6 +1462,18 @@ class Task(models.Model):
     def __str__(self) -> str:
         names = {READY: "ready", TAKEN: "taken", DELAYED: "delayed", BURIED: "buried", DONE: "done"}
         return f"task {self.pk} ({names.get(self.state, self.state)})"
+
+    def current_state(self, now: Any = None) -> str:
+        """Return what the task is at ``now`` (default: the database's clock): a name of
+        :data:`TASK_STATES` (as :class:`TaskQuerySet` defines them), or ``"done"``."""
+        if self.state == DONE:
+            return "done"
+        if self.ttl_at is not None:
+            if now is None:
+                now = engine.db_now(self._state.db or "default")
+            if self.ttl_at <= now:
+                return "expired"
+        return {code: name for name, code in STORED_STATES.items()}.get(self.state, self.state)
 
 
 def calls_from(sums: dict[str, int], rows: int) -> dict[str, int]:
