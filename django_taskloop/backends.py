@@ -647,7 +647,9 @@ def task_handlers() -> list[Handler]:
                         name,
                         _run_stored,
                         name,
-                        batch=20,
+                        # At most 100 at once, as many as fit TASKLOOP["BATCH_TIME"] of the
+                        # measured time per task: slow tasks go one at a time to idle workers.
+                        batch=100,
                         lease=60,
                         create={"type": kind},
                         builtin=True,
