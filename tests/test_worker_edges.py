@@ -23,7 +23,7 @@ import pytest
 from django.db import connection, transaction
 
 from django_taskloop.backends import keyed_tube_name, tube_name
-from django_taskloop.models import JobBoard, Task, TaskRecord, Tube, WorkerProcess
+from django_taskloop.models import Failure, JobBoard, Task, TaskRecord, Tube, WorkerProcess
 from django_taskloop.schedules import ScheduleError, periodic
 from django_taskloop.workers import Handler, board, loop, tube
 from django_taskloop.workers.drivers import make_driver
@@ -64,6 +64,18 @@ def test_async_tube_board_and_loop_handlers_are_awaited():
     assert logged("async-loop") == 3
     assert tube_.statistics()["tasks"]["total"] == 0
     assert WorkerLoop.objects.filter(last_updated__isnull=True).count() == 0
+
+
+def test_an_async_handler_that_raises_is_retried_and_recorded_like_a_sync_one():
+    tube_ = Tube.objects.create_tube("w-async-fail", "fifottl")
+    put = tube_.put({"n": 1})
+    result = run_workers("--burst", "--only", "w-async-fail")
+    assert result.returncode == 0, result.stderr
+    assert "(attempt 1 of 5), retrying in" in result.stderr, result.stderr
+    failure = Failure.objects.get(queue="w-async-fail")
+    assert failure.error == "builtins.RuntimeError"
+    assert "fails on purpose" in failure.message
+    assert Task.objects.get(pk=put.id).state == "~"  # released with a delay, not acknowledged
 
 
 def test_an_async_django_task_is_awaited():

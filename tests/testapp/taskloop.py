@@ -147,3 +147,10 @@ def spread(task: Any) -> None:
     log("spread", task.id, "start")
     time.sleep(task.data["sleep"])
     log("spread", task.id)
+
+
+@tube("w-async-fail")
+async def fail_async(task: Any) -> None:
+    """Raises after an await: retried and recorded like a sync handler's failure."""
+    await asyncio.sleep(0.01)
+    raise RuntimeError(f"async task {task.id} fails on purpose")
