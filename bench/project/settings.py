@@ -1,6 +1,7 @@
 """Settings of our benchmark project. ``DATABASE_URL`` picks the database (default: SQLite at
 ``$BENCH_SQLITE``)."""
 
+import json
 import os
 
 import dj_database_url
@@ -28,7 +29,8 @@ if "postgresql" in DATABASES["default"]["ENGINE"] and os.environ.get("BENCH_PG_P
     # default in Django: they need PgBouncer 1.21+ with max_prepared_statements, or none).
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
 
-TASKLOOP: dict = {}
+# TASKLOOP overrides for an experiment, e.g. BENCH_TASKLOOP='{"BATCH_TIME": 0}' (fixed batches).
+TASKLOOP: dict = json.loads(os.environ.get("BENCH_TASKLOOP", "{}"))
 
 # Django Tasks through our backend, for the enqueue scenario (the backport on Django 5.2).
 try:
