@@ -496,12 +496,17 @@ class Tube(models.Model):
         wakeup.send_notify(using, pk)
         transaction.on_commit(lambda: wakeup.notify(using, pk), using=using)
 
-    def _beat(self, consumer: str) -> None:
-        """Record that ``consumer`` is alive, unless this process did so lately (see _BEAT_EVERY)."""
+    def _beat(self, consumer: str, register: bool = True) -> None:
+        """Record that ``consumer`` is alive, unless this process did so lately (see _BEAT_EVERY).
+
+        ``register=False`` (ack, release, touch and their batches) only refreshes a consumer
+        already known: one with no row holds no task, so the call will do nothing for it, and
+        a refused call must leave no row behind.
+        """
         every = min(_BEAT_EVERY, float(setting("CONSUMER_TIMEOUT")) / 4)
         if time.monotonic() - _beats.get((self._using, consumer), -math.inf) < every:
             return
-        Consumer.objects.using(self._using).beat(consumer)
+        Consumer.objects.using(self._using).beat(consumer, register=register)
 
     def _due(self, stale: bool = True) -> Q:
         """Rows with a transition due now (a delay, ttr or ttl ran out, or the holder died)."""
@@ -979,7 +984,7 @@ class Tube(models.Model):
         """Finish the task ``consumer`` holds: remove it and return it with state ``"-"``."""
         task_id = _check_task_id(task_id)
         consumer = _check_consumer(consumer)
-        self._beat(consumer)
+        self._beat(consumer, register=False)
 
         def work() -> Task:
             # Fast path: the row as read, then a delete that re-checks the hold itself (the
@@ -1017,7 +1022,7 @@ class Tube(models.Model):
         consumer = _check_consumer(consumer)
         if not ids:
             return 0
-        self._beat(consumer)
+        self._beat(consumer, register=False)
 
         def work() -> int:
             total = self._ack_rows(ids, consumer)
@@ -1054,7 +1059,7 @@ class Tube(models.Model):
         task_id = _check_task_id(task_id)
         delay = check_seconds(delay, "delay", allow_none=True)
         consumer = _check_consumer(consumer)
-        self._beat(consumer)
+        self._beat(consumer, register=False)
 
         def work() -> Task:
             task = self._owned(task_id, consumer)
@@ -1080,7 +1085,7 @@ class Tube(models.Model):
         consumer = _check_consumer(consumer)
         if not ids:
             return 0
-        self._beat(consumer)
+        self._beat(consumer, register=False)
         held = self._held(consumer)
 
         def work() -> int:
@@ -1114,7 +1119,7 @@ class Tube(models.Model):
         consumer = _check_consumer(consumer)
         if not increment or increment <= 0:
             return self.peek(task_id)
-        self._beat(consumer)
+        self._beat(consumer, register=False)
 
         def work() -> Task:
             task = self._owned(task_id, consumer)
@@ -1462,8 +1467,9 @@ class ConsumerQuerySet(models.QuerySet["Consumer"]):
         """Consumers whose last heartbeat is older than ``CONSUMER_TIMEOUT``."""
         return self.filter(last_seen__lt=engine.DbNow(-float(setting("CONSUMER_TIMEOUT"))))
 
-    def beat(self, name: str) -> None:
-        """Record a heartbeat of consumer ``name`` (database time)."""
+    def beat(self, name: str, register: bool = True) -> None:
+        """Record a heartbeat of consumer ``name`` (database time). Without ``register``, only
+        refresh the heartbeat of a consumer already known: one never seen is not added."""
         key, now = (self.db, name), time.monotonic()
         # Remember the beat only once it is durable: a rolled-back beat must be written again.
         remember = lambda: _beats.__setitem__(key, now)  # noqa: E731
@@ -1471,6 +1477,8 @@ class ConsumerQuerySet(models.QuerySet["Consumer"]):
         update = lambda: self.filter(name=name).update(last_seen=engine.DbNow())  # noqa: E731
         if engine.run_in_transaction(self.model, self.db, update, alone=True):
             transaction.on_commit(remember, using=self.db)
+            return
+        if not register:
             return
 
         def work() -> None:

@@ -26,8 +26,9 @@ from django.db import models
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_taskloop.exceptions import TaskloopError
+from django_taskloop.exceptions import NotTaken, TaskloopError
 from django_taskloop.models import Job, JobBoard, Task, Tube
+from django_taskloop.models.tubes import Consumer
 from tests.testapp.models import Ticket, WorkerLoop
 
 pytestmark = pytest.mark.django_db
@@ -491,3 +492,27 @@ def test_owner_strings_no_database_can_store_are_refused_by_name(tickets, bad):
     with pytest.raises(ValueError, match="who"):
         board.claim_next(bad)
     assert snapshot() == before
+
+
+@pytest.mark.parametrize("verb", ["ack", "release", "touch", "ack_many", "release_many"])
+def test_a_refused_call_by_a_new_consumer_registers_no_consumer(tube, verb):
+    # Found by the fuzz above once it compared every table: ack, release and touch beat for
+    # their consumer before the ownership check, and the beat of a consumer never seen inserted
+    # its Consumer row, left behind when the call was refused (NotTaken). A consumer with no row
+    # holds no task: these verbs refresh an existing heartbeat but register nobody.
+    held = Task.objects.filter(tube=tube, state="t").get()
+    calls = {
+        "ack": lambda: tube.ack(held.id, consumer="stranger"),
+        "release": lambda: tube.release(held.id, consumer="stranger"),
+        "touch": lambda: tube.touch(held.id, 5, consumer="stranger"),
+        "ack_many": lambda: tube.ack_many([held.id], consumer="stranger"),
+        "release_many": lambda: tube.release_many([held.id], consumer="stranger"),
+    }
+    before = snapshot()
+    if verb.endswith("_many"):
+        assert calls[verb]() == 0  # nothing held: not an error, and nothing written either
+    else:
+        with pytest.raises(NotTaken):
+            calls[verb]()
+    assert snapshot() == before
+    assert not Consumer.objects.filter(name="stranger").exists()
