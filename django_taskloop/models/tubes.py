@@ -214,11 +214,15 @@ def _check_put_options(pri: Any, ttl: Any, ttr: Any, delay: Any, utube: Any) -> 
     return pri, ttl, ttr, delay, utube
 
 
-def _check_task_id(task_id: Any) -> int:
+def _check_task_id(task_id: Any, name: str = "task_id") -> int:
     if isinstance(task_id, Task):
         task_id = task_id.pk
     if isinstance(task_id, bool) or not isinstance(task_id, int):
-        raise TypeError(f"task_id must be an int or a Task, not {type(task_id).__name__}")
+        raise TypeError(f"{name} must be an int or a Task, not {type(task_id).__name__}")
+    # No task has an id its 64-bit column cannot hold; SQLite, which bounds no integer column,
+    # would fail with OverflowError where an id list meets it.
+    if not -(2**63) <= task_id < 2**63:
+        raise ValueError(f"{name}: {task_id!r} is out of the 64-bit integer range of task ids")
     return task_id
 
 
@@ -226,7 +230,7 @@ def _check_task_ids(task_ids: Any) -> list[int]:
     """Return one task id (or Task) or an iterable of them as a list without duplicates."""
     if isinstance(task_ids, (int, Task)):
         task_ids = [task_ids]
-    return list(dict.fromkeys(_check_task_id(t) for t in task_ids))
+    return list(dict.fromkeys(_check_task_id(t, "task_ids") for t in task_ids))
 
 
 def _check_consumer(consumer: Any) -> str:
