@@ -241,11 +241,15 @@ def _check_put_options(pri: Any, ttl: Any, ttr: Any, delay: Any, utube: Any) -> 
     return pri, ttl, ttr, delay, utube
 
 
-def _check_task_id(task_id: Any) -> int:
+def _check_task_id(task_id: Any, name: str = "task_id") -> int:
     if isinstance(task_id, Task):
         task_id = task_id.pk
     if isinstance(task_id, bool) or not isinstance(task_id, int):
-        raise TypeError(f"task_id must be an int or a Task, not {type(task_id).__name__}")
+        raise TypeError(f"{name} must be an int or a Task, not {type(task_id).__name__}")
+    # No task has an id its 64-bit column cannot hold; SQLite, which bounds no integer column,
+    # would fail with OverflowError where an id list meets it.
+    if not -(2**63) <= task_id < 2**63:
+        raise ValueError(f"{name}: {task_id!r} is out of the 64-bit integer range of task ids")
     return task_id
 
 
@@ -253,7 +257,7 @@ def _check_task_ids(task_ids: Any) -> list[int]:
     """Return one task id (or Task) or an iterable of them as a list without duplicates."""
     if isinstance(task_ids, (int, Task)):
         task_ids = [task_ids]
-    return list(dict.fromkeys(_check_task_id(t) for t in task_ids))
+    return list(dict.fromkeys(_check_task_id(t, "task_ids") for t in task_ids))
 
 
 def _check_consumer(consumer: Any) -> str:
@@ -508,12 +512,17 @@ class Tube(models.Model):
         wakeup.send_notify(using, pk)
         transaction.on_commit(lambda: wakeup.notify(using, pk), using=using)
 
-    def _beat(self, consumer: str) -> None:
-        """Record that ``consumer`` is alive, unless this process did so lately (see _BEAT_EVERY)."""
+    def _beat(self, consumer: str, register: bool = True) -> None:
+        """Record that ``consumer`` is alive, unless this process did so lately (see _BEAT_EVERY).
+
+        ``register=False`` (ack, release, touch and their batches) only refreshes a consumer
+        already known: one with no row holds no task, so the call will do nothing for it, and
+        a refused call must leave no row behind.
+        """
         every = min(_BEAT_EVERY, float(setting("CONSUMER_TIMEOUT")) / 4)
         if time.monotonic() - _beats.get((self._using, consumer), -math.inf) < every:
             return
-        Consumer.objects.using(self._using).beat(consumer)
+        Consumer.objects.using(self._using).beat(consumer, register=register)
 
     def _due(self, stale: bool = True) -> Q:
         """Rows with a transition due now (a delay, ttr or ttl ran out, or the holder died)."""
@@ -991,7 +1000,7 @@ class Tube(models.Model):
         """Finish the task ``consumer`` holds: remove it and return it with state ``"-"``."""
         task_id = _check_task_id(task_id)
         consumer = _check_consumer(consumer)
-        self._beat(consumer)
+        self._beat(consumer, register=False)
 
         def work() -> Task:
             # Fast path: the row as read, then a delete that re-checks the hold itself (the
@@ -1029,7 +1038,7 @@ class Tube(models.Model):
         consumer = _check_consumer(consumer)
         if not ids:
             return 0
-        self._beat(consumer)
+        self._beat(consumer, register=False)
 
         def work() -> int:
             total = self._ack_rows(ids, consumer)
@@ -1066,7 +1075,7 @@ class Tube(models.Model):
         task_id = _check_task_id(task_id)
         delay = check_seconds(delay, "delay", allow_none=True)
         consumer = _check_consumer(consumer)
-        self._beat(consumer)
+        self._beat(consumer, register=False)
 
         def work() -> Task:
             task = self._owned(task_id, consumer)
@@ -1092,7 +1101,7 @@ class Tube(models.Model):
         consumer = _check_consumer(consumer)
         if not ids:
             return 0
-        self._beat(consumer)
+        self._beat(consumer, register=False)
         held = self._held(consumer)
 
         def work() -> int:
@@ -1126,7 +1135,7 @@ class Tube(models.Model):
         consumer = _check_consumer(consumer)
         if not increment or increment <= 0:
             return self.peek(task_id)
-        self._beat(consumer)
+        self._beat(consumer, register=False)
 
         def work() -> Task:
             task = self._owned(task_id, consumer)
@@ -1532,8 +1541,9 @@ class ConsumerQuerySet(models.QuerySet["Consumer"]):
         """Consumers whose last heartbeat is older than ``CONSUMER_TIMEOUT``."""
         return self.filter(last_seen__lt=engine.DbNow(-float(setting("CONSUMER_TIMEOUT"))))
 
-    def beat(self, name: str) -> None:
-        """Record a heartbeat of consumer ``name`` (database time)."""
+    def beat(self, name: str, register: bool = True) -> None:
+        """Record a heartbeat of consumer ``name`` (database time). Without ``register``, only
+        refresh the heartbeat of a consumer already known: one never seen is not added."""
         key, now = (self.db, name), time.monotonic()
         # Remember the beat only once it is durable: a rolled-back beat must be written again.
         remember = lambda: _beats.__setitem__(key, now)  # noqa: E731
@@ -1541,6 +1551,8 @@ class ConsumerQuerySet(models.QuerySet["Consumer"]):
         update = lambda: self.filter(name=name).update(last_seen=engine.DbNow())  # noqa: E731
         if engine.run_in_transaction(self.model, self.db, update, alone=True):
             transaction.on_commit(remember, using=self.db)
+            return
+        if not register:
             return
 
         def work() -> None:
