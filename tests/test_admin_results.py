@@ -126,3 +126,22 @@ def test_a_failed_result_s_page_has_a_retry_button_and_no_save(boss, finished):
     failed.refresh()
     assert failed.status == TaskResultStatus.READY and len(failed.errors) == 3
     assert TaskRecord.objects.count() == 3
+
+
+def test_expired_task_is_not_ready_in_the_results_list(boss):
+    """A READY result past its ttl shows FAILED, as get_result() reads it, before a worker
+    reaches it (TaskRecord.expiry, the one definition)."""
+    import datetime as dt
+
+    from django_taskloop.engine import db_now
+
+    late = t.must_start_soon.enqueue("late")
+    in_time = t.must_start_soon.enqueue("in time")
+    TaskRecord.objects.filter(pk=late.id).update(enqueued_at=db_now() - dt.timedelta(seconds=61))
+    page = boss.get(reverse(LIST)).content.decode()
+    assert page.count("Failed (ttl ran out)") == 1
+    assert page.count("Ready") >= 1  # the one still within its ttl (and the filter's choice)
+    detail = boss.get(reverse("admin:django_taskloop_taskrecord_change", args=[late.id])).content.decode()
+    assert "Failed (ttl ran out)" in detail
+    fresh = boss.get(reverse("admin:django_taskloop_taskrecord_change", args=[in_time.id])).content.decode()
+    assert "Failed (ttl ran out)" not in fresh
