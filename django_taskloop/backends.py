@@ -176,13 +176,15 @@ if BaseTaskBackend is not None:
         def _insert(self, record: Any, task: Any, using: str, fresh: bool) -> None:
             """INSERT the record and its tube's task, all or nothing: one statement on
             PostgreSQL, two in one transaction elsewhere."""
-            from .models.tubes import DELAYED
-
             tube = _tube(using, task.queue_name, fresh=fresh)
-            queued = tube._new_task({"result": record.id}, 100 - task.priority, None, None, None, None)
-            if task.run_after is not None:
-                queued.state, queued.event_at = DELAYED, task.run_after
-            tube._insert([queued], check_exists=False, along=[(record, ["enqueued_at"])])
+            # checked: Django's Task checked priority and run_after, the record its arguments.
+            tube.put(
+                {"result": record.id},
+                100 - task.priority,
+                run_at=task.run_after,
+                with_row=(record, ["enqueued_at"]),
+                checked=True,
+            )
 
         def _enqueue_with_options(self, task: Any, record: Any, using: str, args: Any, kwargs: Any) -> Any:
             """Enqueue a task that has django-taskloop options (see :mod:`.task_options`).
@@ -236,18 +238,17 @@ if BaseTaskBackend is not None:
             """INSERT the record and its tube task (or find the waiting twin); return the result."""
             from . import engine
             from .models import TaskRecord
-            from .models.tubes import DELAYED
 
             def work(tube: Any) -> Any:
                 if unique_on is not None:
                     twin = self._waiting_twin(tube, record, key, unique_on, using)
                     if twin is not None:
                         return twin
-                queued = tube._new_task(data, 100 - task.priority, None, task.ttr, None, key)
-                if task.run_after is not None:
-                    queued.state, queued.event_at = DELAYED, task.run_after
                 engine.insert([record], using, returning=["enqueued_at"])
-                tube._insert([queued], check_exists=False)
+                # checked: the options were checked by task_options and enqueue() above.
+                tube.put(
+                    data, 100 - task.priority, ttr=task.ttr, utube=key, run_at=task.run_after, checked=True
+                )
                 return None
 
             for attempt in range(2):
@@ -619,7 +620,7 @@ def _tube(using: str, queue_name: str, fresh: bool = False, keyed: bool = False)
     key = (using, keyed_tube_name(queue_name) if keyed else queue_name)
     tube = _tubes.get(key)
     # No look here whether a cached tube is still there: the task's INSERT writes only if it
-    # is (Tube._insert), and a NotFound brings the caller back with fresh=True.
+    # is (Tube.put), and a NotFound brings the caller back with fresh=True.
     if fresh or tube is None:
         _tubes[key] = Tube.objects.db_manager(using).create_tube(
             *((keyed_tube_name(queue_name), "utubettl") if keyed else (tube_name(queue_name), "fifottl")),

@@ -40,7 +40,7 @@ def _age(oldest: Any, now: Any) -> float:
 def queue_gauges() -> Iterable[tuple[str, str, dict[str, int], float]]:
     """Yield ``(kind, queue, {state: count}, oldest ready age in seconds)`` for every queue."""
     from .models import Job, JobBoard, Task, Tube
-    from .reaper import _loop_models
+    from .reaper import loop_models
 
     now = engine.db_now("default")
     for tube in Tube.objects.order_by("name"):
@@ -48,7 +48,7 @@ def queue_gauges() -> Iterable[tuple[str, str, dict[str, int], float]]:
         # Task.objects' named states: a task past its ttl is "expired", never "ready".
         counts = tasks.state_counts()
         # The head of the claim order (one index read): the task the next take gets.
-        head = tasks.ready().order_by(*tube._order()).values_list("created", flat=True).first()
+        head = tasks.ready().in_claim_order().values_list("created", flat=True).first()
         yield "task", tube.name, counts, _age(head, now)
     for board in JobBoard.objects.order_by("name"):
         jobs = Job.objects.filter(board=board)
@@ -59,7 +59,7 @@ def queue_gauges() -> Iterable[tuple[str, str, dict[str, int], float]]:
         oldest = (
             jobs.filter(trashed=False)
             .exclude(live)
-            .order_by("priority", "sequence")
+            .in_claim_order()
             .values_list("created_on", flat=True)
             .first()
         )
@@ -69,7 +69,7 @@ def queue_gauges() -> Iterable[tuple[str, str, dict[str, int], float]]:
             {"unclaimed": unclaimed, "claimed": claimed, "trashed": trashed},
             _age(oldest, now),
         )
-    for model in _loop_models():
+    for model in loop_models():
         rows = model._default_manager.all()
         locked = rows.filter(lock_until__gt=now).count()
         never = rows.filter(last_updated__isnull=True, lock_until__isnull=True).count()

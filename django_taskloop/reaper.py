@@ -18,10 +18,11 @@ from . import engine
 from .conf import setting, tasks_backend_aliases
 from .exceptions import NotFound
 
-__all__ = ["reap", "format_report"]
+__all__ = ["reap", "format_report", "loop_models"]
 
 
-def _loop_models() -> list[Any]:
+def loop_models() -> list[Any]:
+    """Return every concrete :class:`TaskLoop` model of the installed apps."""
     from .models import TaskLoop
 
     return [m for m in apps.get_models() if issubclass(m, TaskLoop) and not m._meta.abstract]
@@ -42,7 +43,7 @@ def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
 
     report: dict[str, dict[str, dict[str, int]]] = {"loops": {}, "boards": {}, "tubes": {}, "results": {}}
 
-    for model in _loop_models():
+    for model in loop_models():
         for alias in _aliases(model, using):
             # Expired loop locks are reported, not cleared. doloop ranks ids whose lock_until
             # has passed FIRST ("expired/bumped locks first"): that is how a crashed worker's

@@ -6,6 +6,7 @@ Each check runs before anything touches the database and raises ``TypeError`` (w
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import json
 import math
@@ -117,6 +118,15 @@ def check_json(value: Any, name: str) -> Any:
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
+    return value
+
+
+def check_aware(value: Any, name: str) -> datetime.datetime:
+    """Return ``value`` if it is a timezone-aware ``datetime``."""
+    if not isinstance(value, datetime.datetime):
+        raise TypeError(f"{name} must be a datetime, not {type(value).__name__}")
+    if value.utcoffset() is None:
+        raise ValueError(f"{name} must be an aware datetime (with a time zone)")
     return value
 
 

@@ -160,30 +160,13 @@ class JobForm(forms.ModelForm):
 
     def _post_clean(self) -> None:
         # Nothing is assigned to the instance or validated on it: JobAdmin.save_model writes
-        # the cleaned values through set_job(), under the state check.
+        # the cleaned values through JobBoard.edit_job(), under the state check.
         pass
 
     def save(self, commit: bool = True) -> Job:
-        # JobAdmin.save_model writes through set_job(); nothing is saved here.
+        # JobAdmin.save_model writes through JobBoard.edit_job(); nothing is saved here.
         self.save_m2m = lambda: None
         return self.instance
-
-
-def set_job(job: Job, **changes: Any) -> int:
-    """Write ``changes`` to ``job`` if it is still live (and unclaimed for new details).
-
-    The boards facade has no verb for this; the state check and the write happen under one
-    write lock, so a claim cannot slip in between.
-    """
-    using = job._state.db or router.db_for_write(Job)
-    condition = Q(pk=job.pk, trashed=False)
-    if "details" in changes:
-        condition &= JOB_STATES["unclaimed"] | JOB_STATES["expired"]
-
-    def work() -> int:
-        return Job.objects.db_manager(using).filter(condition).update(**changes, last_modified=engine.DbNow())
-
-    return engine.run_in_transaction(Job, using, work)
 
 
 class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
@@ -335,7 +318,7 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         changes = {"priority": form.cleaned_data["priority"]}
         if form.details_changed:
             changes["details"] = form.cleaned_data["details"]
-        if not set_job(obj, **changes):
+        if not obj.board.edit_job(obj, **changes):
             self.message_user(
                 request, _("The job changed state meanwhile: nothing was saved."), messages.ERROR
             )
@@ -367,7 +350,7 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         def trash(board: JobBoard, job: Job) -> None:
             # trash() takes a job its caller holds: claim it as the admin first, atomically,
             # so that a job a worker holds is refused (UnclaimableJob), never taken away.
-            with engine.write_transaction(Job, board._state.db or router.db_for_write(Job)):
+            with engine.write_transaction(Job, board.using):
                 board.claim(job, who)
                 board.trash(job, who)
 
@@ -384,7 +367,7 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             self.message_user(request, _("Choose a priority in the list next to the action."), messages.ERROR)
             return
         priority = JobPriority[name]
-        changed = sum(set_job(job, priority=priority) for job in queryset)
+        changed = sum(job.board.edit_job(job, priority=priority) for job in queryset.select_related("board"))
         skipped = queryset.count() - changed
         self.message_user(request, f"Set {changed} job(s) to {name}.", messages.SUCCESS)
         if skipped:

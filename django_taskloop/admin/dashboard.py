@@ -106,9 +106,8 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
             for state, count in by_state.items():
                 depth_totals[f"job {state}"] = depth_totals.get(f"job {state}", 0) + count
             head = (
-                board._jobs()
-                .filter(claimed_by__isnull=True)
-                .order_by("priority", "sequence")
+                board.jobs.filter(trashed=False, claimed_by__isnull=True)
+                .in_claim_order()
                 .values_list("created_on", flat=True)
                 .first()
             )
@@ -141,7 +140,7 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
                 if not exact:
                     capped.add(f"task {state}")
             # The head of the claim order: the task the next take gets, and how long it waited.
-            head = tube._tasks().ready().order_by(*tube._order()).values_list("created", flat=True).first()
+            head = tube.tasks.ready().in_claim_order().values_list("created", flat=True).first()
             empty_tube = not any(count for count, _exact in depth.values())
             cards.append(
                 {
@@ -151,7 +150,7 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
                     "queue": tube.name,
                     "paused": tube.paused,
                     "can_pause": _can_change(request, site, Tube),
-                    "latency": seconds_between(engine.db_now(tube._using), head),
+                    "latency": seconds_between(engine.db_now(tube.using), head),
                     "empty": empty_tube,
                     "list_url": (_url(site, Task, "changelist") or "") + f"?tube__id__exact={tube.pk}",
                     "stats_url": _url(site, Tube, "stats", tube.pk),

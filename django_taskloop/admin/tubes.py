@@ -9,7 +9,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import router
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -44,7 +44,7 @@ from .charts import bar_chart
 from .loops import STATE_COUNT_CAP
 from .operating import failure_history, last_failure_note
 
-__all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "set_task", "tube_depth", "tube_overview"]
+__all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "tube_depth", "tube_overview"]
 
 
 class TaskStateFilter(admin.SimpleListFilter):
@@ -85,20 +85,6 @@ class EventRangeFilter(DateTimeRangeFilterBuilder(title=_("next event (delay end
         if filtered is queryset:
             return queryset
         return filtered.filter(state__in=list(STORED_STATES.values()))
-
-
-def set_task(task: Task, **changes: Any) -> int:
-    """Write ``changes`` (``pri``, ``data``) to ``task`` unless it is taken; return 1 or 0.
-
-    Tarantool has no verb for this. The state check and the write happen under one write
-    lock, so that a take cannot slip in between; a consumer never sees its task change.
-    """
-    using = task._state.db or router.db_for_write(Task)
-
-    def work() -> int:
-        return Task.objects.db_manager(using).filter(~Q(state=TAKEN), pk=task.pk).update(**changes)
-
-    return engine.run_in_transaction(Task, using, work)
 
 
 class TaskForm(forms.ModelForm):
@@ -271,7 +257,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
         changes = {name: form.cleaned_data[name] for name in form.changed_data}
-        if changes and not set_task(obj, **changes):
+        if changes and not obj.tube.edit_task(obj, **changes):
             self.message_user(request, _("The task was taken meanwhile: nothing was saved."), messages.ERROR)
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Any], verb: Any, done: str) -> None:
@@ -320,7 +306,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         for task in queryset.select_related("tube"):
             if task.tube.type not in TTL_TYPES:
                 refused.append(f"task {task.pk}: a {task.tube.type} tube has no priorities")
-            elif not set_task(task, pri=pri):
+            elif not task.tube.edit_task(task, pri=pri):
                 refused.append(f"task {task.pk}: taken, release it first")
             else:
                 changed += 1

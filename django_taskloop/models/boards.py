@@ -313,6 +313,11 @@ class JobBoard(models.Model):
     def _alias(self) -> str:
         return self._state.db or router.db_for_write(type(self), instance=self)
 
+    @property
+    def using(self) -> str:
+        """The alias of the database this board and its jobs live on."""
+        return self._alias
+
     def _jobs(self) -> JobQuerySet:
         """This board's live (not trashed) jobs, on the board's database."""
         return Job.objects.db_manager(self._alias).filter(board=self, trashed=False)
@@ -646,6 +651,36 @@ class JobBoard(models.Model):
 
         return engine.run_in_transaction(Job, using, work)
 
+    def edit_job(self, job: Any, **changes: Any) -> int:
+        """Write ``changes`` (``priority``, ``details``) to a live job of this board; return 1,
+        or 0 if it is trashed or gone, or (for new ``details``) under a live claim.
+
+        TaskFlow has no verb for this (the admin's edit form and priority action use it). The
+        state check and the write happen under one write lock, so a claim cannot slip in
+        between; ``last_modified`` becomes the database's time.
+        """
+        job_uuid = _job_uuid(job)
+        unknown = set(changes) - {"priority", "details"}
+        if unknown:
+            raise TypeError(f"edit_job() can change priority and details, not {', '.join(sorted(unknown))}")
+        if "priority" in changes:
+            changes["priority"] = JobPriority.convert(changes["priority"])
+        condition = Q(board=self, uuid=job_uuid, trashed=False)
+        if "details" in changes:
+            details = changes["details"]
+            if not isinstance(details, dict):
+                raise TypeError(f"details must be a dict, not {type(details).__name__}")
+            check_json(details, "details")
+            # Nobody holds it: never claimed, abandoned, or its claim expired.
+            condition &= _claimable()
+        using = self._alias
+
+        def work() -> int:
+            rows = Job.objects.db_manager(using).filter(condition)
+            return rows.update(**changes, last_modified=engine.DbNow())
+
+        return engine.run_in_transaction(Job, using, work)
+
     def pause(self) -> None:
         """Stop handing out jobs (claim_next returns None, workers claim nothing) until
         :meth:`resume`; post, explicit claim() and every other verb still work. Twice is a no-op."""
@@ -754,6 +789,10 @@ class JobQuerySet(models.QuerySet):
     def claimed(self) -> Self:
         """Jobs under a live claim."""
         return self.filter(_live_claim(), trashed=False)
+
+    def in_claim_order(self) -> Self:
+        """These jobs in the order claims hand them out: priority, then posting order."""
+        return self.order_by("priority", "sequence")
 
     def reap_expired(self) -> int:
         """Clear every claim here whose expiry has passed; return how many.

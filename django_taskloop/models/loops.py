@@ -395,6 +395,24 @@ class TaskLoopQuerySet(models.QuerySet):
             bool(dry_run),
         )
 
+    def renew(self, id_or_ids: Any, lock_for: float = ONE_HOUR) -> int:
+        """Lock ids that are still locked for ``lock_for`` seconds from now; return how many.
+
+        doloop has no renew: a claim is ``lock_until = now + lock_for``, so renewing is writing
+        it again, here on the ids a worker still holds (ids unlocked meanwhile, by ``did`` or
+        ``unlock``, have no lock and stay untouched). A worker's heartbeat for its ids in flight.
+        """
+        lock_for = check_seconds(lock_for, "lock_for", positive=True)
+        ids = self._ids(id_or_ids)
+        self._refuse_sliced("renew")
+        if not ids:
+            return 0
+        deadline = engine.DbNow(lock_for)
+        return sum(
+            self.filter(pk__in=chunk, lock_until__isnull=False).update(lock_until=deadline)
+            for chunk in self._batches(ids)
+        )
+
     def status(self, id_or_ids: Any) -> dict[Any, tuple[float | None, float | None]]:
         """Return ``{id: (since_updated, locked_for)}`` for the ids that are in the loop.
 

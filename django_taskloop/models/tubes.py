@@ -18,6 +18,7 @@ that a put is one statement: its INSERT.
 from __future__ import annotations
 
 import copy
+import datetime
 import logging
 import math
 import os
@@ -37,6 +38,7 @@ from ..conf import setting
 from ..exceptions import NotFound, NotTaken, TaskloopError, TubeError
 from ..validation import (
     MAX_SECONDS,
+    check_aware,
     check_bool,
     check_count,
     check_json,
@@ -96,6 +98,10 @@ _WORKER_DUE_CHECK_EVERY = 0.25
 # What a worker's batch adds to its counter slot (engine.delete_and_claim): takes are the
 # claimed rows, acks and done the deleted ones.
 _BATCH_COUNTERS = {"take": "claimed", "ack": "deleted", "done": "deleted"}
+
+
+#: The order in which takes hand tasks out (see Tube._order, TaskQuerySet.in_claim_order).
+_TAKE_ORDER = ("pri", "id")
 
 
 def default_consumer() -> str:
@@ -446,6 +452,11 @@ class Tube(models.Model):
         return self._state.db or "default"
 
     @property
+    def using(self) -> str:
+        """The alias of the database this tube and its tasks live on."""
+        return self._state.db or "default"
+
+    @property
     def _has_ttl(self) -> bool:
         return self.type in TTL_TYPES
 
@@ -658,12 +669,32 @@ class Tube(models.Model):
         ttr: float | None = None,
         delay: float | None = None,
         utube: Any = None,
+        *,
+        run_at: datetime.datetime | None = None,
+        with_row: tuple[models.Model, list[str]] | None = None,
+        checked: bool = False,
     ) -> Task:
-        """Add a task holding ``data`` (any JSON value) and return it (ready, or delayed)."""
-        check_json(data, "data")
-        options = _check_put_options(pri, ttl, ttr, delay, utube)
-        task = self._new_task(data, *options)
-        self._insert([task])
+        """Add a task holding ``data`` (any JSON value) and return it (ready, or delayed).
+
+        ``run_at``: an aware datetime before which the task stays delayed (ttl tubes, like
+        ``delay``; its ttl still counts from now). ``with_row``: ``(instance, fields)``, an
+        unsaved row of another model to write with the task, all or nothing (one statement
+        on PostgreSQL), ``fields`` read back from the database into it. ``checked``: the
+        caller has already checked ``data`` and the options (the Tasks backend's enqueue, a
+        hot path), so put does not check them again.
+        """
+        if not checked:
+            check_json(data, "data")
+            options = _check_put_options(pri, ttl, ttr, delay, utube)
+            if run_at is not None:
+                check_aware(run_at, "run_at")
+            task = self._new_task(data, *options)
+        else:
+            task = self._new_task(data, pri, ttl, ttr, delay, utube)
+        if run_at is not None and self._has_ttl:
+            task.state, task.event_at = DELAYED, run_at
+        # One task: _insert writes it only if the tube is still there, whatever check_exists.
+        self._insert([task], along=() if with_row is None else (with_row,))
         return task
 
     def _insert(
@@ -777,6 +808,17 @@ class Tube(models.Model):
         Always tries once at once; then waits up to ``timeout`` seconds (``None``: forever)
         and wakes promptly when a task becomes ready.
         """
+        return self.wait_take(timeout, consumer)
+
+    def wait_take(
+        self,
+        timeout: float | None = 0,
+        consumer: str | None = None,
+        *,
+        stop: Callable[[], bool] | None = None,
+    ) -> Task | None:
+        """``take(timeout, consumer)`` that also ends its wait, with ``None``, as soon as
+        ``stop()`` returns true (asked after each wake-up): a worker's wait for its next task."""
         timeout = _check_timeout(timeout)
         consumer = _check_consumer(consumer)
         using = self._using
@@ -785,7 +827,7 @@ class Tube(models.Model):
                 "take(timeout > 0) cannot wait inside a transaction: it would never see the commit "
                 "it waits for; use take(0) there"
             )
-        return self._wait_take(timeout, consumer)
+        return self._wait_take(timeout, consumer, stop)
 
     def _wait_take(
         self, timeout: float | None, consumer: str, stop: Callable[[], bool] | None = None
@@ -845,10 +887,14 @@ class Tube(models.Model):
         ready = this & Q(Exists(tasks.filter(self._claimable())))
         return (this & Q(*due, _connector=Q.OR) if due else None), ready
 
-    def take_many(self, limit: int, consumer: str | None = None) -> list[Task]:
-        """Take up to ``limit`` ready tasks at once for ``consumer`` (no waiting)."""
+    def take_many(self, limit: int, consumer: str | None = None, *, checked: bool = False) -> list[Task]:
+        """Take up to ``limit`` ready tasks at once for ``consumer`` (no waiting).
+
+        ``checked``: the caller has just read :func:`worth_trying` for this tube and got
+        ``"ready"`` (not paused, no transition due), so the take skips those two looks.
+        """
         limit = check_count(limit, "limit", minimum=1)
-        return self._take(limit, _check_consumer(consumer))
+        return self._take(limit, _check_consumer(consumer), checked=bool(checked))
 
     def _claimable(self) -> Q:
         claimable = Q(state=READY)
@@ -875,7 +921,7 @@ class Tube(models.Model):
     def _order(self) -> list[str]:
         # fifo/utube tasks all have pri 0, so this is their id order; saying pri too lets the
         # claim index serve it (PostgreSQL would otherwise walk the primary key and filter).
-        return ["pri", "id"]
+        return list(_TAKE_ORDER)
 
     def ack_and_take(
         self, task_ids: Iterable[int], limit: int, consumer: str | None = None
@@ -1149,6 +1195,18 @@ class Tube(models.Model):
 
         return self._run(work)
 
+    def touch_many(self, task_ids: Iterable[int], increment: float, consumer: str | None = None) -> int:
+        """:meth:`touch` each task of ``task_ids`` that ``consumer`` still holds by ``increment``
+        seconds, in one statement: a worker's heartbeat for its tasks in flight. Tasks it no
+        longer holds are left alone, no error; on fifo/utube tubes (no ttr) and with ``None``,
+        0 or a negative increment nothing is touched. Return how many were touched."""
+        ids = _check_task_ids(task_ids)
+        seconds = check_seconds(increment, "increment", allow_none=True)
+        consumer = _check_consumer(consumer)
+        if seconds is None or seconds <= 0:
+            return 0  # as touch(): no increment is no change
+        return self._touch_held(ids, seconds, consumer)
+
     def _touch_held(self, task_ids: list[int], increment: float, consumer: str) -> int:
         """:meth:`touch` each task of ``task_ids`` that ``consumer`` still holds by
         ``increment`` seconds, in one statement: a worker's heartbeat for its tasks in flight.
@@ -1178,6 +1236,28 @@ class Tube(models.Model):
             return touched
 
         return self._run(work, lock_first=False)
+
+    def edit_task(self, task_id: int, **changes: Any) -> int:
+        """Write ``changes`` (``pri``, ``data``) to a task of this tube unless it is taken;
+        return 1, or 0 if it is taken or gone.
+
+        Tarantool has no verb for this (the admin's edit form and priority action use it). The
+        state check and the write happen under one write lock, so that a take cannot slip in
+        between: a consumer never sees its task change.
+        """
+        task_id = _check_task_id(task_id)
+        unknown = set(changes) - {"pri", "data"}
+        if unknown:
+            raise TypeError(f"edit_task() can change pri and data, not {', '.join(sorted(unknown))}")
+        if "pri" in changes:
+            _check_pri(changes["pri"], allow_none=False)
+        if "data" in changes:
+            check_json(changes["data"], "data")
+
+        def work() -> int:
+            return self._tasks().filter(~Q(state=TAKEN), pk=task_id).update(**changes)
+
+        return self._run(work)
 
     def peek(self, task_id: int) -> Task:
         """Return the task as it is now; :class:`NotFound` if there is none."""
@@ -1379,6 +1459,10 @@ class TaskQuerySet(models.QuerySet["Task"]):
         """Taken or delayed tasks whose ttr or delay ran out, not applied yet (the next call
         on the tube makes them ready)."""
         return self.filter(_alive(), state__in=[TAKEN, DELAYED], event_at__lte=engine.DbNow())
+
+    def in_claim_order(self) -> TaskQuerySet:
+        """These tasks in the order takes hand them out: priority, then id (put order)."""
+        return self.order_by(*_TAKE_ORDER)
 
     def in_state(self, name: str) -> TaskQuerySet:
         """The tasks in state ``name``, one of :data:`TASK_STATES`."""

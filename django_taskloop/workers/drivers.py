@@ -178,16 +178,9 @@ class LoopDriver(Driver):
             self.model.objects.unlock(list(items), auto_add=False)
 
     def renew(self, items: Sequence[Any]) -> None:
-        if not items:
-            return
-        from ..engine import DbNow
-
-        # doloop has no renew verb; a claim is "lock_until = now + lock_for", so renewing is
-        # writing it again on the ids this worker still holds (ids unlocked meanwhile, by
-        # did() or unlock(), have lock_until NULL and stay untouched).
-        self.model.objects.filter(pk__in=list(items), lock_until__isnull=False).update(
-            lock_until=DbNow(self.handler.lease)
-        )
+        # Only the ids this worker still holds are locked again (see TaskLoopQuerySet.renew).
+        if items:
+            self.model.objects.renew(list(items), lock_for=self.handler.lease)
 
 
 class TubeDriver(Driver):
@@ -197,7 +190,7 @@ class TubeDriver(Driver):
 
     @property
     def using(self) -> str:
-        return self.tube._using if self.tube is not None else "default"
+        return self.tube.using if self.tube is not None else "default"
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
@@ -223,14 +216,12 @@ class TubeDriver(Driver):
     def claim(self, limit: int, checked: bool = False) -> list[Any]:
         """Take up to ``limit`` tasks; ``checked``: a worth_trying() read just found the tube
         not paused and nothing due (the take skips those looks)."""
-        if checked:
-            return self.tube._take(limit, self.identity, checked=True)
-        return self.tube.take_many(limit, consumer=self.identity)
+        return self.tube.take_many(limit, consumer=self.identity, checked=checked)
 
     def wait_one(self, timeout: float, stop: Callable[[], bool] | None = None) -> list[Any]:
         """Wait up to ``timeout`` seconds for one task (less if ``stop()`` says so); ``take``
         wakes as soon as one is put."""
-        task = self.tube._wait_take(timeout, self.identity, stop)
+        task = self.tube.wait_take(timeout, self.identity, stop=stop)
         return [task] if task is not None else []
 
     def key(self, item: Any) -> Any:
@@ -286,13 +277,13 @@ class TubeDriver(Driver):
         # and no ttl has no deadline to push. One statement for them all; tasks acked or
         # released by the main thread a moment ago are skipped.
         timed = [task.id for task in items if task.event_at is not None or task.ttl_at is not None]
-        self.tube._touch_held(timed, self.beat_every, self.identity)
+        self.tube.touch_many(timed, self.beat_every, consumer=self.identity)
 
     def beat(self) -> None:
         from ..models import Consumer
 
         # A consumer that stops beating for CONSUMER_TIMEOUT is dead: its tasks go back.
-        Consumer.objects.using(self.tube._state.db).beat(self.identity)
+        Consumer.objects.using(self.tube.using).beat(self.identity)
 
 
 class BoardDriver(Driver):
@@ -303,7 +294,7 @@ class BoardDriver(Driver):
 
     @property
     def using(self) -> str:
-        return self.board._alias if self.board is not None else "default"
+        return self.board.using if self.board is not None else "default"
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
