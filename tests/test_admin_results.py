@@ -95,7 +95,9 @@ def test_retry_of_a_keyed_task_goes_back_to_its_key(finished):
     keyed = t.step.using(max_attempts=1).enqueue(5, 1)
     TaskRecord.objects.filter(pk=keyed.id).update(status="FAILED")
     task_backends["default"].retry(keyed.id)
-    assert Tube.objects.get(name=keyed_tube_name("default"))._tasks().filter(utube="account:5").count() == 2
+    assert (
+        Tube.objects.get(name=keyed_tube_name("default")).tasks.all().filter(utube="account:5").count() == 2
+    )
     with pytest.raises(TaskResultDoesNotExist):
         task_backends["default"].retry("nope")
 

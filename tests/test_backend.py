@@ -36,7 +36,7 @@ def test_enqueue_stores_the_call_and_puts_it_in_the_queue_tube():
     assert result.enqueued_at is not None
     tube = Tube.objects.get(name=tube_name("default"))
     assert tube.type == "fifottl"
-    (task,) = tube._tasks()
+    (task,) = tube.tasks.all()
     assert task.state == "r"
     assert task.data == {"result": result.id}
     assert task.pri == 70  # higher Django priority, lower (sooner) tube pri
@@ -50,7 +50,7 @@ def test_enqueue_stores_the_call_and_puts_it_in_the_queue_tube():
 
 def test_run_after_delays_the_tube_task():
     result = add.using(run_after=db_now() + dt.timedelta(seconds=300)).enqueue(1, 1)
-    (task,) = Tube.objects.get(name="tasks.default")._tasks()
+    (task,) = Tube.objects.get(name="tasks.default").tasks.all()
     assert task.state == "~"
     assert add.get_result(result.id).task.run_after is not None
 

@@ -140,7 +140,7 @@ def test_run_after_holds_a_task_until_then():
     now = add.enqueue(2, 2)
     assert run_ready() == [now.id]
     assert add.get_result(later.id).status == TaskResultStatus.READY
-    Tube.objects.get(name=tube_name("default"))._tasks().filter(state="~").update(event_at=db_now())
+    Tube.objects.get(name=tube_name("default")).tasks.all().filter(state="~").update(event_at=db_now())
     assert run_ready() == [later.id]
 
 

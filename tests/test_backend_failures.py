@@ -113,7 +113,7 @@ def test_a_hard_stop_puts_a_running_task_back_to_ready_and_it_runs_again():
     assert result.status == TaskResultStatus.READY, output
     assert (
         Tube.objects.get(name="tasks.default")
-        .peek(int(Tube.objects.get(name="tasks.default")._tasks()[0].id))
+        .peek(int(Tube.objects.get(name="tasks.default").tasks.all()[0].id))
         .state
         == "r"
     )

@@ -167,7 +167,6 @@ def test_claim_next_locks_with_the_index_scan_not_a_shared_candidate_read(board)
 
 
 def test_the_locking_scan_reads_the_claim_index(board):
-    from django_taskloop.models.boards import _claimable
     from tests.explain import assert_ordered_by_index
 
     now = db_now()
@@ -183,9 +182,8 @@ def test_the_locking_scan_reads_the_claim_index(board):
     )  # fmt: skip
     # What claim_next and claim_many lock (engine.claim direct=True): the claim index, in order.
     locking = (
-        board._jobs()
-        .filter(_claimable())
-        .order_by("priority", "sequence")
+        board.jobs.claimable()
+        .in_claim_order()
         .select_for_update(skip_locked=True)
         .values_list("pk", flat=True)[:100]
     )

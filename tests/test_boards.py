@@ -651,7 +651,6 @@ def test_boards_stay_on_the_routed_database():
 
 
 def test_claim_next_candidates_read_the_claim_index(board):
-    from django_taskloop.models.boards import _claimable
     from tests.explain import assert_ordered_by_index
 
     now = db_now()
@@ -665,7 +664,7 @@ def test_claim_next_candidates_read_the_claim_index(board):
         batch_size=2000,
     )  # fmt: skip
     # The same queryset claim_next gives the engine: candidates in claim order.
-    candidates = board._jobs().filter(_claimable()).order_by("priority", "sequence").values_list("pk")[:2]
+    candidates = board.jobs.claimable().in_claim_order().values_list("pk")[:2]
     text = assert_ordered_by_index(candidates)
     assert "taskloop_job_claim_idx" in text, text
     assert board.claim_next("w").priority is JobPriority.VERY_HIGH

@@ -153,7 +153,7 @@ def test_a_kept_claim_makes_its_task_instances_after_the_commit(vendor):
 def test_claim_later_gives_the_same_rows_as_instances_made_once():
     tube = Tube.objects.create_tube("later", "fifo")
     tube.put_many(list(range(6)))
-    tasks = tube._tasks()
+    tasks = tube.tasks.all()
     kwargs = {
         "claimable": tube._claimable(),
         "order_by": tube._order(),

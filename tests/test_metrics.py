@@ -64,7 +64,7 @@ def test_a_scrape_changes_nothing(boss):
 
     time.sleep(0.05)  # its ttr ran out: a read must not return it to ready
     scrape(boss)
-    assert tube._tasks().get(pk=taken.id).state == "t"
+    assert tube.tasks.all().get(pk=taken.id).state == "t"
 
 
 def test_expired_task_is_not_ready_in_metrics(boss):

@@ -49,7 +49,7 @@ def test_put_many_writes_in_few_statements():
         assert len(inserts) <= 10, len(inserts)  # Django keeps SQLite's statements under 999 variables
     elif connection.features.can_return_rows_from_bulk_insert:
         assert len(inserts) == 1, len(inserts)  # the tasks, in one statement (no counter)
-    assert len(Tube.objects.get(name="few")._tasks()) == 500
+    assert len(Tube.objects.get(name="few").tasks.all()) == 500
 
 
 @pytest.mark.parametrize(

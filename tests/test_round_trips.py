@@ -97,7 +97,7 @@ def test_a_put_into_a_dropped_tube_inside_a_transaction_writes_nothing_and_the_t
         with pytest.raises(NotFound):
             gone.put(2)
         live.put(3)
-    assert [t.data for t in live._tasks().order_by("pk")] == [1, 3]
+    assert [t.data for t in live.tasks.all().order_by("pk")] == [1, 3]
     assert not Task.objects.filter(tube_id=gone.pk).exists()
 
 
@@ -114,7 +114,7 @@ def test_a_django_task_enqueue_inside_a_transaction_is_one_statement_on_postgres
             assert len(statements) == 2, statements
             assert all(sql.lstrip().upper().startswith("INSERT") for sql in statements), statements
     assert TaskRecord.objects.get(pk=result.id).status == "READY"
-    assert [t.data for t in Tube.objects.get(name="tasks.default")._tasks().order_by("pk")][-1] == {
+    assert [t.data for t in Tube.objects.get(name="tasks.default").tasks.all().order_by("pk")][-1] == {
         "result": result.id
     }
 
@@ -157,19 +157,19 @@ def test_a_django_task_enqueue_is_one_statement_on_postgresql_and_two_inserts_el
     record = TaskRecord.objects.get(pk=result.id)
     assert result.enqueued_at == record.enqueued_at and record.status == "READY"
     (queued,) = [
-        t for t in Tube.objects.get(name="tasks.default")._tasks() if t.data == {"result": result.id}
+        t for t in Tube.objects.get(name="tasks.default").tasks.all() if t.data == {"result": result.id}
     ]
     assert queued.state == "r" and queued.pri == 100 - result.task.priority
 
 
 def test_a_django_task_enqueue_in_a_transaction_that_rolls_back_leaves_nothing():
     add.enqueue(1, 2)
-    records, tasks = TaskRecord.objects.count(), Tube.objects.get(name="tasks.default")._tasks().count()
+    records, tasks = TaskRecord.objects.count(), Tube.objects.get(name="tasks.default").tasks.all().count()
     with pytest.raises(RuntimeError), transaction.atomic():
         add.enqueue(2, 3)
         raise RuntimeError("roll back")
     assert TaskRecord.objects.count() == records
-    assert Tube.objects.get(name="tasks.default")._tasks().count() == tasks
+    assert Tube.objects.get(name="tasks.default").tasks.all().count() == tasks
 
 
 def test_enqueue_after_the_queues_tube_was_dropped_makes_it_again():
@@ -178,12 +178,12 @@ def test_enqueue_after_the_queues_tube_was_dropped_makes_it_again():
     Tube.objects.get(name="tasks.default").drop()
     result = add.enqueue(3, 4)
     tube = Tube.objects.get(name="tasks.default")
-    assert [t.data for t in tube._tasks()] == [{"result": result.id}]
+    assert [t.data for t in tube.tasks.all()] == [{"result": result.id}]
     with transaction.atomic():
         Tube.objects.get(name="tasks.default").truncate()
         Tube.objects.get(name="tasks.default").drop()
         inner = add.enqueue(5, 6)
-    assert [t.data for t in Tube.objects.get(name="tasks.default")._tasks()] == [{"result": inner.id}]
+    assert [t.data for t in Tube.objects.get(name="tasks.default").tasks.all()] == [{"result": inner.id}]
 
 
 def test_run_after_in_the_past_is_ready_at_once_and_in_the_future_waits():

@@ -120,7 +120,7 @@ def test_a_failed_attempt_with_attempts_left_is_ready_again_after_its_backoff():
     assert result.status == TaskResultStatus.READY
     assert len(result.errors) == 1 and "kaboom" in result.errors[0].traceback
     assert result.errors[0].exception_class is RuntimeError
-    (queued,) = Tube.objects.get(name=tube_name("default"))._tasks()
+    (queued,) = Tube.objects.get(name=tube_name("default")).tasks.all()
     assert queued.state == "~" and queued.data["result"] == result.id
     waits = (queued.event_at - db_now()).total_seconds()
     assert 590 < waits <= 600  # ten_minutes(1): the callable backoff
@@ -142,7 +142,7 @@ def test_the_default_backoff_is_the_worker_s(settings):
     settings.TASKLOOP = {"RETRY_BACKOFF": 40, "RETRY_BACKOFF_MAX": 70}
     t.default_backoff.enqueue()
     assert "retrying in 40 s" in str(run_one())
-    Tube.objects.get(name=tube_name("default"))._tasks().update(event_at=db_now())
+    Tube.objects.get(name=tube_name("default")).tasks.all().update(event_at=db_now())
     assert "retrying in 70 s" in str(run_one())  # 80, capped
 
 
@@ -305,7 +305,7 @@ def test_a_task_whose_worker_stops_beating_comes_back_after_its_ttr(settings):
 def test_keyed_tasks_wait_in_their_key_s_sub_queue():
     t.step.enqueue(7, 0)
     t.step.using(key="by hand").enqueue(7, 1)
-    tasks = list(Tube.objects.get(name=keyed_tube_name("default"))._tasks().order_by("id"))
+    tasks = list(Tube.objects.get(name=keyed_tube_name("default")).tasks.all().order_by("id"))
     assert [task.utube for task in tasks] == ["account:7", "by hand"]
     assert Tube.objects.get(name=keyed_tube_name("default")).type == "utubettl"
 
@@ -351,7 +351,7 @@ def test_unique_by_arguments_returns_the_waiting_task_s_result():
     assert again.id == first.id and other.id != first.id
     assert again.status == TaskResultStatus.READY and again.args == ["sales"]
     assert TaskRecord.objects.count() == 2
-    assert len(Tube.objects.get(name=tube_name("default"))._tasks()) == 2
+    assert len(Tube.objects.get(name=tube_name("default")).tasks.all()) == 2
     # Once it has started it no longer waits: the next enqueue adds a new one.
     assert run_one() is None
     assert t.refresh.get_result(first.id).status == TaskResultStatus.SUCCESSFUL
@@ -378,7 +378,7 @@ def test_unique_holds_when_processes_enqueue_at_once():
     ids = race(t.enqueue_refresh, [("race",)] * 4)
     assert len(set(ids)) == 1
     assert TaskRecord.objects.filter(status="READY").count() == 1
-    assert len(Tube.objects.get(name=tube_name("default"))._tasks()) == 1
+    assert len(Tube.objects.get(name=tube_name("default")).tasks.all()) == 1
 
 
 # enqueue_on_commit ---------------------------------------------------------------------------
@@ -392,7 +392,7 @@ def test_enqueue_on_commit_waits_for_the_commit():
         assert not TaskRecord.objects.exists()  # not yet
     record = TaskRecord.objects.get()
     assert record.id == result.id and record.enqueued_at is not None
-    (queued,) = Tube.objects.get(name=tube_name("default"))._tasks()
+    (queued,) = Tube.objects.get(name=tube_name("default")).tasks.all()
     assert queued.data == {"result": result.id}
     assert run_one() is None
     assert t.on_commit.get_result(result.id).return_value == "later"

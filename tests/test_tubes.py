@@ -730,9 +730,7 @@ def test_claim_order_is_served_by_the_claim_index(type, vendor):
     pri = (lambda i: i % 3) if type == "fifottl" else (lambda i: 0)
     mine = Task.objects.bulk_create([Task(tube=tube, data=i, pri=pri(i)) for i in range(300)])
     Task.objects.filter(pk__in=[t.pk for t in mine[:50]]).update(state="!")
-    queryset = (
-        tube._tasks().filter(tube._claimable()).order_by(*tube._order()).values_list("pk", flat=True)[:10]
-    )
+    queryset = tube.tasks.all().filter(tube._claimable()).in_claim_order().values_list("pk", flat=True)[:10]
     if vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE taskloop_task")
