@@ -232,8 +232,8 @@ class Worker:
                     skip = set()  # the round claims from them, and deals with the error
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            self._settle_at_stop()
             self._give_back_prefetched()
+            self._settle_at_stop()
             beating.set()
             heart.join(timeout=30)
             self.log_summary(time.monotonic() - started)
@@ -245,16 +245,13 @@ class Worker:
         return 0
 
     def _give_back_prefetched(self) -> None:
-        """Give back batches claimed ahead that will not run now (a stop came first)."""
+        """Batches claimed ahead that will not run now (a stop came first) go back with what
+        is kept for settling: :meth:`_settle_at_stop` gives them back, and retries if it fails."""
         for driver, items in list(self.prefetched.items()):
-            try:
-                driver.give_back(items)
-            except Exception:
-                # Their leases run out and they come back: nothing is lost.
-                logger.exception("%s: could not give back %d items", driver.describe_queue(), len(items))
+            self._keep(self.unreturned, driver, items)
             self.tallies[driver.handler.name].given_back += len(items)
             self._record_throughput(driver, 0, 0, len(items))
-            self.prefetched.pop(driver, None)
+        self.prefetched.clear()
         with self.inflight_lock:
             self.inflight.clear()
 
