@@ -197,3 +197,49 @@ def test_insert_together_only_if_writes_no_row_when_the_guard_is_gone():
         assert TaskRecord.objects.count() == 1  # the transaction is usable: nothing was written
     assert list(TaskRecord.objects.values_list("pk", flat=True)) == [record.pk]
     assert Task.objects.count() == 0
+
+
+# One retry layer (issue 26, item 2) ------------------------------------------------------------
+
+
+def _retryable_error():
+    """A deadlock/lock error as this database's driver reports it (engine.is_retryable)."""
+    from django.db import OperationalError, connection
+
+    if connection.vendor == "mysql":
+        return OperationalError(1213, "Deadlock found when trying to get lock")
+    error = OperationalError("database is locked")
+    error.sqlstate = "40P01"  # PostgreSQL's deadlock_detected
+    return error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deadlock_in_nested_work_is_retried_once_per_try_by_the_outermost_transaction(settings):
+    """A DatabaseBusy raised by work nested inside (an inner run_in_transaction, which never
+    retries) is retried by the outermost one, the one layer that replays the whole
+    transaction: RETRIES + 1 tries in all, and the message counts them."""
+    from django.db import transaction
+
+    from django_taskloop.engine import run_in_transaction
+    from django_taskloop.exceptions import DatabaseBusy
+
+    settings.TASKLOOP = {"RETRIES": 2}
+    tries = []
+
+    def inner():
+        raise _retryable_error()
+
+    def outer():
+        tries.append(1)
+        return run_in_transaction(Ticket, "default", inner)
+
+    with pytest.raises(DatabaseBusy, match="after 3 tries"):
+        run_in_transaction(Ticket, "default", outer)
+    assert len(tries) == 3
+    # Inside a caller's transaction nothing is retried, and the message says whose it is.
+    tries.clear()
+    with pytest.raises(DatabaseBusy, match="inside a transaction of the caller's") as busy:
+        with transaction.atomic():
+            run_in_transaction(Ticket, "default", outer)
+    assert "tries" not in str(busy.value)
+    assert len(tries) == 1
