@@ -14,19 +14,12 @@ from django.utils import timezone
 
 from django_taskloop.engine import DbNow, db_now
 from django_taskloop.models import Job, JobBoard, JobPriority, Task, Tube
-from django_taskloop.models import tubes as tubes_module
 from django_taskloop.models.results import TaskRecord
 from tests.testapp.models import IntLoop
 
+from .test_tubes import _forget_callbacks  # noqa: F401  (its autouse fixture, shared)
+
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _forget_callbacks():
-    yield
-    tubes_module._callbacks.clear()
-    tubes_module._beats.clear()
-    tubes_module._stale_checks.clear()
 
 
 # -- tubes ---------------------------------------------------------------------------------

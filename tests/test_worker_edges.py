@@ -40,8 +40,14 @@ def logged(kind: str, phase: str = "end") -> int:
     return WorkLog.objects.filter(kind=kind, phase=phase).count()
 
 
-def overrides(**values: Any) -> str:
-    return json.dumps({"HEARTBEAT_INTERVAL": 0.5, **values})
+def start(*args: str, env: dict[str, str] | None = None, **taskloop: Any) -> Any:
+    """Start ``manage.py workers *args`` with these TASKLOOP settings (and a 0.5 s heartbeat)."""
+    return start_workers(
+        *args,
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=json.dumps({"HEARTBEAT_INTERVAL": 0.5, **taskloop}),
+        **(env or {}),
+    )
 
 
 # 1. async def handlers --------------------------------------------------------------------------
@@ -99,12 +105,7 @@ def test_an_async_periodic_function_is_awaited():
 def test_a_hard_stop_cancels_an_async_handler_and_gives_its_task_back():
     tube_ = Tube.objects.create_tube("w-async-stop", "fifottl")
     put = tube_.put({"n": 1})
-    worker = start_workers(
-        "--only",
-        "w-async-stop",
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=overrides(GRACE_PERIOD=0.5),
-    )
+    worker = start("--only", "w-async-stop", GRACE_PERIOD=0.5)
     try:
         wait_until(lambda: logged("async-stop", "start") == 1)
         started = time.monotonic()
@@ -184,13 +185,12 @@ def test_a_finished_task_whose_settle_fails_is_settled_in_the_next_round(tmp_pat
     put = tube_.put({"n": 1})
     go = tmp_path / "go"
     vendor = connection.vendor
-    worker = start_workers(
+    worker = start(
         "--only",
         "w-settle",
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=overrides(RETRIES=1, GRACE_PERIOD=5),
-        TASKLOOP_TEST_GO=str(go),
-        TASKLOOP_TEST_SQLITE_TIMEOUT="0.3",
+        env={"TASKLOOP_TEST_GO": str(go), "TASKLOOP_TEST_SQLITE_TIMEOUT": "0.3"},
+        RETRIES=1,
+        GRACE_PERIOD=5,
     )
     try:
         wait_until(lambda: logged("settle") == 1)
@@ -214,12 +214,7 @@ def test_a_finished_task_whose_settle_fails_is_settled_in_the_next_round(tmp_pat
 def test_after_a_stop_signal_nothing_new_is_started():
     tube_ = Tube.objects.create_tube("w-stop-start", "fifottl")
     ids = [task.id for task in tube_.put_many([{"sleep": 2}] * 4)]
-    worker = start_workers(
-        "--only",
-        "w-stop-start",
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=overrides(GRACE_PERIOD=3),
-    )
+    worker = start("--only", "w-stop-start", GRACE_PERIOD=3)
     try:
         wait_until(lambda: logged("stop-start", "start") == 1)
         worker.send_signal(signal.SIGTERM)
@@ -242,15 +237,8 @@ def test_after_a_stop_signal_nothing_new_is_started():
 def test_two_processes_run_two_slow_django_tasks_side_by_side():
     # A Django Tasks queue is two tubes (plain and keyed): the worker's several-tube path.
     queue = nap.queue_name
-    supervisor = start_workers(
-        "--processes",
-        "2",
-        "--only",
-        tube_name(queue),
-        "--only",
-        keyed_tube_name(queue),
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=overrides(GRACE_PERIOD=5),
+    supervisor = start(
+        "--processes", "2", "--only", tube_name(queue), "--only", keyed_tube_name(queue), GRACE_PERIOD=5
     )
     try:
         wait_until(lambda: WorkerProcess.objects.count() >= 2, timeout=60)
