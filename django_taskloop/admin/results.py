@@ -22,7 +22,6 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import setting
-from ..engine import db_now
 from ..models import TaskRecord, TaskRecordStatus
 from .base import TaskloopAdminMixin, humanize_seconds, state_badge
 
@@ -152,7 +151,7 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         # A READY task past its ttl is FAILED already (TaskRecord.expiry, the one definition
         # get_result() reads too), though no worker has reached it to write so.
         if obj.status == TaskRecordStatus.READY and obj.ttl is not None:
-            if obj.expiry(db_now(obj._state.db or "default")) is not None:
+            if obj.expiry(self.now()) is not None:
                 return state_badge(str(_("Failed (ttl ran out)")), "failed")
         return state_badge(obj.get_status_display(), STATUS_CSS.get(obj.status, "ready"))
 
