@@ -310,3 +310,38 @@ def test_an_operator_finds_why_a_task_failed_pauses_retries_and_resumes(page: An
     page.goto(f"{base}/admin/testapp/intloop/")
     assert "int loops" in page.inner_text("p.paginator")
     shot(page, "27-big-loop-list")
+
+
+def test_an_operator_sees_expired_work_as_expired_not_ready(page: Any) -> None:
+    """Issue 26.5: a tube task past its ttl, and a Django Task result past its ttl, read
+    "expired" / "Failed (ttl ran out)" in the admin, never "ready"."""
+    import datetime as dt
+
+    from django_taskloop.engine import DbNow, db_now
+    from django_taskloop.models import TaskRecord
+    from tests import options_tasks
+
+    User.objects.create_superuser("admin", "admin@example.com", "correct horse")
+    tube = Tube.objects.create_tube("digests", "fifottl")
+    stale = tube.put({"to": "late@example.com"}, ttl=60)
+    fresh = tube.put({"to": "soon@example.com"}, ttl=600)
+    Task.objects.filter(pk=stale.id).update(ttl_at=DbNow(-5))
+    late = options_tasks.must_start_soon.enqueue("late")
+    TaskRecord.objects.filter(pk=late.id).update(enqueued_at=db_now() - dt.timedelta(seconds=61))
+
+    base = page.base_url
+    page.goto(f"{base}/admin/login/?next=/admin/django_taskloop/task/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "correct horse")
+    page.click('input[type="submit"]')
+    page.wait_for_url("**/task/")
+    shot(page, "30-tasks-expired")
+    assert "expired" in row_of(page, stale.id).inner_text()
+    assert "ttl ran out" in row_of(page, stale.id).inner_text()
+    assert "ready" in row_of(page, fresh.id).inner_text()
+    page.goto(f"{base}/admin/django_taskloop/task/?state=expired")
+    shot(page, "31-tasks-filter-expired")
+    assert page.locator("#result_list tbody tr").count() == 1
+    page.goto(f"{base}/admin/django_taskloop/taskrecord/")
+    shot(page, "32-results-expired")
+    assert "Failed (ttl ran out)" in page.inner_text("#result_list")
