@@ -296,3 +296,19 @@ def test_batch_time_is_checked_when_registered():
     with pytest.raises(TypeError, match="batch_time"):
         board("w-bad-batch-time", batch_time="fast")
     assert make_driver(Handler("tube", "x", print, "x"), "me").handler.batch_time is None
+
+
+def test_a_burst_worker_exits_without_waiting_out_its_heartbeats_pause(settings, monkeypatch):
+    """The heartbeat thread sleeps until its next beat; a worker's end must wake it, not wait
+    the pause out (found trying a burst from a fresh project: 1 s for a 50 ms drain). With an
+    hour between beats, the old worker waited out its 30 s join."""
+    from django_taskloop.workers import runner
+
+    settings.TASKLOOP = {"HEARTBEAT_INTERVAL": 3600, "CONSUMER_TIMEOUT": 36000}
+    monkeypatch.setattr(runner, "THROUGHPUT_EVERY", 3600.0)
+    Tube.objects.create_tube("w-burst-exit", "fifo")
+    handler = Handler("tube", "w-burst-exit", print, "w-burst-exit", create={"type": "fifo"})
+    worker = Worker([handler], burst=True, schedule=False)
+    started = time.monotonic()
+    assert worker.run() == 0
+    assert time.monotonic() - started < 15  # not the heartbeat's 30 s join timeout

@@ -235,6 +235,7 @@ class Worker:
             self._give_back_prefetched()
             self._settle_at_stop()
             beating.set()
+            self.wake.set()  # the heartbeat may be waiting on it (no stop came: a burst's end)
             heart.join(timeout=30)
             self.log_summary(time.monotonic() - started)
             connections.close_all()
