@@ -122,5 +122,9 @@ def test_an_expired_job_claim_is_expired_not_unclaimed_in_metrics(boss):
     assert 'taskloop_items{queue="builds",kind="job",state="unclaimed"} 0' in samples
     assert 'taskloop_items{queue="builds",kind="job",state="claimed"} 0' in samples
     # The next claim gets it: its wait is the oldest ready wait.
-    (age,) = [float(s.rsplit(" ", 1)[1]) for s in samples if s.startswith('taskloop_oldest_ready_seconds{queue="builds"')]
+    (age,) = [
+        float(s.rsplit(" ", 1)[1])
+        for s in samples
+        if s.startswith('taskloop_oldest_ready_seconds{queue="builds"')
+    ]
     assert age >= 3500
