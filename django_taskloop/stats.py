@@ -12,17 +12,26 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from django.apps import apps
 from django.db import router
 from django.db.models import Count, Q, QuerySet
 
 from . import engine
-from .models.boards import Job, JobBoard, JobPriority, JobQuerySet
-from .models.loops import TaskLoop, TaskLoopQuerySet
-from .models.operating import Failure
-from .models.tubes import TASK_STATES, Task, Tube
+from .models import (
+    KINDS,
+    Failure,
+    Job,
+    JobBoard,
+    JobPriority,
+    JobQuerySet,
+    Task,
+    TaskLoop,
+    TaskLoopQuerySet,
+    Tube,
+)
+from .models.tubes import TASK_STATES
 
 __all__ = [
     "JOB_STATES",
@@ -42,8 +51,6 @@ __all__ = [
     "tube_summary",
 ]
 
-#: The kinds of queue, as ``Failure.kind`` and the metrics spell them.
-KINDS = ("task", "job", "loop")
 JOB_STATES: tuple[str, ...] = JobQuerySet.STATES
 LOOP_STATES: tuple[str, ...] = TaskLoopQuerySet.STATES
 #: Buckets of "time until the lock ends" (upper bound in seconds, label), for lock-age charts.
@@ -105,13 +112,23 @@ class QueueSummary:
         return {state: (n, state not in self.capped) for state, n in self.counts.items()}
 
 
+class NamedStates(Protocol):
+    """A queryset with named states: ``in_state(name)`` and ``state_counts()``."""
+
+    def in_state(self, name: str) -> QuerySet[Any]: ...
+
+    def state_counts(self) -> dict[str, int]: ...
+
+
 def capped_count(queryset: QuerySet[Any], cap: int) -> tuple[int, bool]:
     """Return ``(count, exact)``, counting at most ``cap + 1`` rows."""
     count = queryset.order_by()[: cap + 1].count()
     return (cap, False) if count > cap else (count, True)
 
 
-def _counts(queryset: Any, states: Sequence[str], cap: int | None) -> tuple[dict[str, int], frozenset[str]]:
+def _counts(
+    queryset: NamedStates, states: Sequence[str], cap: int | None
+) -> tuple[dict[str, int], frozenset[str]]:
     """Count ``queryset`` by its named states: all in one read, or each up to ``cap``."""
     if cap is None:
         return queryset.state_counts(), frozenset()
@@ -123,11 +140,11 @@ def _counts(queryset: Any, states: Sequence[str], cap: int | None) -> tuple[dict
     return counts, frozenset(capped)
 
 
-def _since(now: dt.datetime, then: Any) -> float | None:
+def _since(now: dt.datetime, then: dt.datetime | None) -> float | None:
     return None if then is None else max(0.0, (now - engine.to_datetime(then)).total_seconds())
 
 
-def _until(now: dt.datetime, then: Any) -> float | None:
+def _until(now: dt.datetime, then: dt.datetime | None) -> float | None:
     return None if then is None else max(0.0, (engine.to_datetime(then) - now).total_seconds())
 
 
@@ -281,6 +298,10 @@ def queue_summaries(
     stops each count there; ``loops`` narrows the loops (default: :func:`loop_models`). The
     database's clock is read once per database.
     """
+    kinds = list(kinds)
+    unknown = [kind for kind in kinds if kind not in KINDS]
+    if unknown:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {unknown[0]!r}")
     failed = failures_last_hour()
     clocks: dict[str, dt.datetime] = {}
 
@@ -303,13 +324,11 @@ def queue_summaries(
                 summaries.append(
                     board_summary(board, cap=cap, now=now, failures=failed.get(("job", board.name), 0))
                 )
-        elif kind == "loop":
+        else:
             for model in loop_models() if loops is None else loops:
                 label = model._meta.label_lower
                 now = clock(model._default_manager.db)
                 summaries.append(
                     loop_summary(model, cap=cap, now=now, failures=failed.get(("loop", label), 0))
                 )
-        else:
-            raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
     return summaries
