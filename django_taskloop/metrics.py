@@ -11,11 +11,12 @@ import hmac
 from collections.abc import Iterable
 from typing import Any
 
-from django.db.models import Min, Q
 from django.http import HttpRequest, HttpResponse
 
-from . import engine
 from .conf import setting
+from .models import WorkerProcess
+from .models.operating import throughput_totals
+from .stats import queue_summaries
 
 __all__ = ["metrics", "render_metrics", "queue_gauges"]
 
@@ -31,64 +32,24 @@ def _line(name: str, labels: dict[str, Any], value: float) -> str:
     return f"{name}{{{inner}}} {value:g}"
 
 
-def _age(oldest: Any, now: Any) -> float:
-    if oldest is None:
-        return 0.0
-    return max(0.0, (now - engine.to_datetime(oldest)).total_seconds())
+#: Metric state labels that differ from the read model's state names (kept for dashboards
+#: built on them): a loop's ``new`` ids are ``never_done``.
+STATE_LABELS = {("loop", "new"): "never_done"}
 
 
 def queue_gauges() -> Iterable[tuple[str, str, dict[str, int], float]]:
-    """Yield ``(kind, queue, {state: count}, oldest ready age in seconds)`` for every queue."""
-    from .models import Job, JobBoard, Task, Tube
-    from .reaper import loop_models
+    """Yield ``(kind, queue, {state: count}, oldest ready age in seconds)`` for every queue.
 
-    now = engine.db_now("default")
-    for tube in Tube.objects.order_by("name"):
-        tasks = Task.objects.filter(tube=tube)
-        # Task.objects' named states: a task past its ttl is "expired", never "ready".
-        counts = tasks.state_counts()
-        # The head of the claim order (one index read): the task the next take gets.
-        head = tasks.ready().in_claim_order().values_list("created", flat=True).first()
-        yield "task", tube.name, counts, _age(head, now)
-    for board in JobBoard.objects.order_by("name"):
-        jobs = Job.objects.filter(board=board)
-        live = Q(claimed_by__isnull=False) & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__gt=now))
-        claimed = jobs.filter(live, trashed=False).count()
-        trashed = jobs.filter(trashed=True).count()
-        unclaimed = jobs.filter(trashed=False).exclude(live).count()
-        oldest = (
-            jobs.filter(trashed=False)
-            .exclude(live)
-            .in_claim_order()
-            .values_list("created_on", flat=True)
-            .first()
-        )
-        yield (
-            "job",
-            board.name,
-            {"unclaimed": unclaimed, "claimed": claimed, "trashed": trashed},
-            _age(oldest, now),
-        )
-    for model in loop_models():
-        rows = model._default_manager.all()
-        locked = rows.filter(lock_until__gt=now).count()
-        never = rows.filter(last_updated__isnull=True, lock_until__isnull=True).count()
-        total = rows.count()
-        # The oldest due item: an expired or bumped lock, else the least recently done id.
-        due = rows.filter(lock_until__lte=now).aggregate(oldest=Min("lock_until"))["oldest"]
-        yield (
-            "loop",
-            model._meta.label_lower,
-            {"locked": locked, "never_done": never, "idle": total - locked - never},
-            _age(due, now),
-        )
+    Read from :func:`django_taskloop.stats.queue_summaries` (exact counts), the one
+    definition of every state that the admin shows too.
+    """
+    for summary in queue_summaries():
+        counts = {STATE_LABELS.get((summary.kind, state), state): n for state, n in summary.counts.items()}
+        yield summary.kind, summary.name, counts, summary.oldest_ready or 0.0
 
 
 def render_metrics() -> str:
     """Return the Prometheus text exposition of every queue."""
-    from .models import WorkerProcess
-    from .models.operating import throughput_totals
-
     lines = [
         "# HELP taskloop_items Items in each queue by state.",
         "# TYPE taskloop_items gauge",

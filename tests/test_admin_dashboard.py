@@ -99,3 +99,30 @@ def test_expired_task_is_not_ready_on_the_dashboard(client):
     page = client.get(reverse(URL)).content.decode()
     assert "<title>expired: 1</title>" in page and "<title>buried: 1</title>" in page
     assert "<title>ready: 1</title>" not in page
+
+
+def test_an_expired_job_claim_is_the_boards_oldest_ready_work_on_the_dashboard(client):
+    """The next claim_next takes a job whose claim expired: the board's oldest ready wait is
+    its wait (as in the metrics), and it is counted as an expired claim, not unclaimed."""
+    from django_taskloop.engine import DbNow
+    from django_taskloop.models import Job
+
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    board = JobBoard.objects.create_board("builds")
+    job = board.post("old", {})
+    board.claim(job, "w1", expiry=60)
+    Job.objects.filter(pk=job.pk).update(claim_expires_at=DbNow(-1), created_on=DbNow(-7200))
+    page = client.get(reverse(URL)).content.decode()
+    assert "<title>expired claim: 1</title>" in page and "<title>unclaimed: 0</title>" in page
+    waits = re.findall(r'<th scope="row">oldest ready waits</th><td class="num">([^<]*)</td>', page)
+    assert waits == ["2h 00m"], waits
+
+
+def test_a_bumped_loop_id_is_bumped_on_the_dashboard(client):
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    IntLoop.objects.add([1, 2, 3])
+    IntLoop.objects.did([3])
+    IntLoop.objects.bump([1])
+    page = client.get(reverse(URL)).content.decode()
+    assert "<title>bumped: 1</title>" in page and "<title>idle: 1</title>" in page
+    assert "<title>new: 1</title>" in page

@@ -89,3 +89,42 @@ def test_expired_task_is_not_ready_in_metrics(boss):
         if line.startswith('taskloop_oldest_ready_seconds{queue="mail"')
     ]
     assert age < 3000
+
+
+def _samples(text: str) -> set[str]:
+    return {line for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_a_bumped_loop_id_is_bumped_not_idle_in_metrics(boss):
+    """One definition of a loop's states: a bumped id (or an expired lock) is first in line,
+    never idle; the metrics say so as the admin does."""
+    IntLoop.objects.add([1, 2, 3])
+    IntLoop.objects.did([3])
+    IntLoop.objects.bump([1])  # lock_until = now: due
+    samples = _samples(scrape(boss)[1])
+    assert 'taskloop_items{queue="testapp.intloop",kind="loop",state="bumped"} 1' in samples
+    assert 'taskloop_items{queue="testapp.intloop",kind="loop",state="idle"} 1' in samples
+    assert 'taskloop_items{queue="testapp.intloop",kind="loop",state="never_done"} 1' in samples
+    assert 'taskloop_items{queue="testapp.intloop",kind="loop",state="locked"} 0' in samples
+
+
+def test_an_expired_job_claim_is_expired_not_unclaimed_in_metrics(boss):
+    """A claim whose expiry passed is claimable again, but counted as what it is: expired."""
+    from django_taskloop.engine import DbNow
+    from django_taskloop.models import Job
+
+    board = JobBoard.objects.create_board("builds")
+    job = board.post("old", {})
+    board.claim(job, "w1", expiry=60)
+    Job.objects.filter(pk=job.pk).update(claim_expires_at=DbNow(-1), created_on=DbNow(-3600))
+    samples = _samples(scrape(boss)[1])
+    assert 'taskloop_items{queue="builds",kind="job",state="expired"} 1' in samples
+    assert 'taskloop_items{queue="builds",kind="job",state="unclaimed"} 0' in samples
+    assert 'taskloop_items{queue="builds",kind="job",state="claimed"} 0' in samples
+    # The next claim gets it: its wait is the oldest ready wait.
+    (age,) = [
+        float(s.rsplit(" ", 1)[1])
+        for s in samples
+        if s.startswith('taskloop_oldest_ready_seconds{queue="builds"')
+    ]
+    assert age >= 3500

@@ -8,7 +8,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import router
-from django.db.models import Count, Q, QuerySet
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -18,7 +18,8 @@ from rangefilter.filters import DateTimeRangeFilterBuilder
 
 from .. import engine
 from ..exceptions import JobFailure
-from ..models.boards import BoardEntity, ConsumedJob, Job, JobBoard, JobPriority
+from ..models.boards import BoardEntity, ConsumedJob, Job, JobBoard, JobPriority, JobQuerySet
+from ..stats import JOB_STATES, board_priorities, board_summary
 from .base import (
     TaskloopAdminMixin,
     dashboard_url,
@@ -31,15 +32,8 @@ from .base import (
 from .charts import bar_chart
 from .operating import failure_history, last_failure_note
 
-__all__ = ["JobAdmin", "JobBoardAdmin", "JobStateFilter", "board_overview", "admin_identity"]
+__all__ = ["JobAdmin", "JobBoardAdmin", "JobStateFilter", "admin_identity"]
 
-JOB_STATES = {
-    "unclaimed": Q(trashed=False, claimed_by__isnull=True),
-    "claimed": Q(trashed=False, claimed_by__isnull=False)
-    & (Q(claim_expires_at__isnull=True) | Q(claim_expires_at__gt=engine.DbNow())),
-    "expired": Q(trashed=False, claimed_by__isnull=False, claim_expires_at__lte=engine.DbNow()),
-    "trashed": Q(trashed=True),
-}
 JOB_STATE_LABELS = {
     "unclaimed": _("unclaimed"),
     "claimed": _("claimed"),
@@ -74,8 +68,8 @@ class JobStateFilter(admin.SimpleListFilter):
         return list(JOB_STATE_LABELS.items())
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        condition = JOB_STATES.get(self.value() or "")
-        return queryset if condition is None else queryset.filter(condition)
+        value = self.value()
+        return queryset.filter(JobQuerySet.state_condition(value)) if value in JOB_STATES else queryset
 
 
 class JobPriorityFilter(admin.SimpleListFilter):
@@ -90,32 +84,6 @@ class JobPriorityFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         member = JobPriority.__members__.get(self.value() or "")
         return queryset if member is None else queryset.filter(priority=member.rank)
-
-
-def board_overview(board: JobBoard) -> dict[str, Any]:
-    """Return a board's job counts by state and by priority (one aggregate over its jobs)."""
-    using = board._state.db or router.db_for_read(Job)
-    jobs = Job.objects.db_manager(using).filter(board=board).order_by()
-    by_state = jobs.aggregate(
-        **{name: Count("pk", filter=condition) for name, condition in JOB_STATES.items()}
-    )
-    live = jobs.filter(trashed=False).values_list("priority").annotate(n=Count("pk"))
-    by_priority = {member.name: 0 for member in JobPriority}
-    for priority, n in live:
-        by_priority[JobPriority(priority).name if isinstance(priority, JobPriority) else str(priority)] = n
-    oldest = (
-        jobs.filter(JOB_STATES["claimed"])
-        .order_by("last_modified")
-        .values_list("last_modified", flat=True)
-        .first()
-    )
-    return {
-        "by_state": by_state,
-        "by_priority": by_priority,
-        "job_count": board.job_count,
-        "oldest_claim": oldest,
-        "now": engine.db_now(using),
-    }
 
 
 class JobForm(forms.ModelForm):
@@ -458,16 +426,14 @@ class JobBoardAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         board = self.get_object(request, object_id)
         if board is None:
             raise Http404(f"No board {object_id!r}")
-        overview = board_overview(board)
-        oldest = overview["oldest_claim"]
+        summary = board_summary(board)
+        by_priority = board_priorities(board)
+        by_state = [(str(JOB_STATE_LABELS[k]), v) for k, v in summary.counts.items()]
         rows = [
-            ("job_count", overview["job_count"]),
-            *((f"state: {JOB_STATE_LABELS[k]}", v) for k, v in overview["by_state"].items()),
-            *((f"priority: {k}", v) for k, v in overview["by_priority"].items()),
-            (
-                "oldest live claim",
-                "—" if oldest is None else f"{humanize_seconds(seconds_between(overview['now'], oldest))}",
-            ),
+            ("job_count", board.job_count),
+            *((f"state: {label}", v) for label, v in by_state),
+            *((f"priority: {k}", v) for k, v in by_priority.items()),
+            ("oldest live claim", humanize_seconds(summary.oldest_claim)),
         ]
         context = {
             **self.admin_site.each_context(request),
@@ -477,11 +443,8 @@ class JobBoardAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             "object_url": self.admin_url("change", board.pk),
             "rows": rows,
             "charts": [
-                bar_chart(
-                    [(str(JOB_STATE_LABELS[k]), v) for k, v in overview["by_state"].items()],
-                    title=str(_("Jobs by state")),
-                ),
-                bar_chart(list(overview["by_priority"].items()), title=str(_("Live jobs by priority"))),
+                bar_chart(by_state, title=str(_("Jobs by state"))),
+                bar_chart(list(by_priority.items()), title=str(_("Live jobs by priority"))),
             ],
             "changelist_url": self.admin_url("changelist"),
             "dashboard_url": dashboard_url(self.admin_site),

@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from .. import engine
 from ..models.boards import Job, JobBoard
-from ..models.operating import Failure, WorkerProcess, is_paused, pause, resume, throughput_series
+from ..models.operating import Failure, WorkerProcess, throughput_series
 from ..models.tubes import Task, Tube
+from ..stats import LOCK_BUCKETS, QueueSummary, lock_ages, queue_summaries
 from .base import count_text, dashboard_url, humanize_seconds, seconds_between
-from .boards import JOB_STATE_LABELS, board_overview
+from .boards import JOB_STATE_LABELS
 from .charts import bar_chart, time_chart
-from .loops import DASHBOARD_COUNT_CAP, LOCK_BUCKETS, loop_models, loop_overview
-from .tubes import tube_depth
+from .loops import DASHBOARD_COUNT_CAP, loop_models
 
 __all__ = ["dashboard_view", "dashboard_data", "pause_view"]
 
@@ -43,208 +44,192 @@ def _url(site: admin.AdminSite, model: Any, view: str, *args: Any) -> str | None
         return None
 
 
-def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any]:
-    """Return the cards of the dashboard: what the user may see of loops, boards and tubes."""
-    cards: list[dict[str, Any]] = []
-    oldest: list[tuple[str, float]] = []
-    depth_totals: dict[str, int] = {}
-    capped: set[str] = set()  # totals that include a count stopped at the cap
-    for model in loop_models():
-        if not _can_view(request, site, model):
-            continue
-        overview = loop_overview(model, full_stats=False, cap=DASHBOARD_COUNT_CAP)
-        stats = overview["stats"]
-        depth = overview["depth"]
-        label = str(model._meta.verbose_name_plural)
-        for state, (count, exact) in depth.items():
-            depth_totals[f"loop {state}"] = depth_totals.get(f"loop {state}", 0) + count
-            if not exact:
-                capped.add(f"loop {state}")
-        empty = not any(count for count, _exact in depth.values())
-        if not empty:
-            oldest.append((label, stats["max_bump_time"]))
-        queue = model._meta.label_lower
-        cards.append(
-            {
-                "kind": _("loop"),
-                "title": label,
-                "queue_kind": "loop",
-                "queue": queue,
-                "paused": is_paused("loop", queue, model._default_manager.db),
-                "can_pause": _can_change(request, site, model),
-                "empty": empty,
-                "list_url": _url(site, model, "changelist"),
-                "stats_url": _url(site, model, "stats"),
-                # An empty loop gets one line: a table and charts of zeros say nothing.
-                "rows": []
-                if empty
-                else [(state, count_text(count, exact)) for state, (count, exact) in depth.items()]
-                + [
-                    (_("most overdue"), humanize_seconds(stats["max_bump_time"])),
-                    (_("longest lock left"), humanize_seconds(stats["max_lock_time"])),
-                ],
-                "charts": []
-                if empty
-                else [
-                    bar_chart(
-                        [
-                            (state if exact else f"{state} ({count_text(count, exact)})", count)
-                            for state, (count, exact) in depth.items()
-                        ],
-                        title=_("Queue depth by state"),
-                    ),
-                    bar_chart(list(overview["lock_ages"].items()), title=_("Locks by time until they end")),
-                ],
-            }
-        )
-    if _can_view(request, site, JobBoard):
-        for board in JobBoard.objects.all()[:MAX_QUEUES]:
-            overview = board_overview(board)
-            by_state = overview["by_state"]
-            claim_age = seconds_between(overview["now"], overview["oldest_claim"])
-            oldest.append((f"board {board.name}", claim_age or 0.0))
-            for state, count in by_state.items():
-                depth_totals[f"job {state}"] = depth_totals.get(f"job {state}", 0) + count
-            head = (
-                board.jobs.filter(trashed=False, claimed_by__isnull=True)
-                .in_claim_order()
-                .values_list("created_on", flat=True)
-                .first()
-            )
-            cards.append(
-                {
-                    "kind": _("job board"),
-                    "title": board.name,
-                    "queue_kind": "job",
-                    "queue": board.name,
-                    "paused": board.paused,
-                    "can_pause": _can_change(request, site, JobBoard),
-                    "latency": seconds_between(overview["now"], head),
-                    "list_url": (_url(site, Job, "changelist") or "") + f"?board__id__exact={board.pk}",
-                    "stats_url": _url(site, JobBoard, "stats", board.pk),
-                    "rows": [(str(JOB_STATE_LABELS[k]), v) for k, v in by_state.items()]
-                    + [(_("oldest live claim"), humanize_seconds(claim_age))],
-                    "charts": [
-                        bar_chart(
-                            [(str(JOB_STATE_LABELS[k]), v) for k, v in by_state.items()],
-                            title=_("Queue depth by state"),
-                        )
-                    ],
-                }
-            )
-    if _can_view(request, site, Tube):
-        for tube in Tube.objects.all()[:MAX_QUEUES]:
-            depth = tube_depth(tube, DASHBOARD_COUNT_CAP)
-            for state, (count, exact) in depth.items():
-                depth_totals[f"task {state}"] = depth_totals.get(f"task {state}", 0) + count
-                if not exact:
-                    capped.add(f"task {state}")
-            # The head of the claim order: the task the next take gets, and how long it waited.
-            head = tube.tasks.ready().in_claim_order().values_list("created", flat=True).first()
-            empty_tube = not any(count for count, _exact in depth.values())
-            cards.append(
-                {
-                    "kind": _("tube (%(type)s)") % {"type": tube.type},
-                    "title": tube.name,
-                    "queue_kind": "task",
-                    "queue": tube.name,
-                    "paused": tube.paused,
-                    "can_pause": _can_change(request, site, Tube),
-                    "latency": seconds_between(engine.db_now(tube.using), head),
-                    "empty": empty_tube,
-                    "list_url": (_url(site, Task, "changelist") or "") + f"?tube__id__exact={tube.pk}",
-                    "stats_url": _url(site, Tube, "stats", tube.pk),
-                    "rows": [(state, count_text(count, exact)) for state, (count, exact) in depth.items()],
-                    # An empty tube gets no chart of zeros.
-                    "charts": []
-                    if empty_tube
-                    else [
-                        bar_chart(
-                            [
-                                (state if exact else f"{state} ({count_text(count, exact)})", count)
-                                for state, (count, exact) in depth.items()
-                            ],
-                            title=_("Queue depth by state"),
-                        )
-                    ],
-                }
-            )
-    # Failures of the last hour per queue: one grouped read of the (queue, at) index range.
-    failed = dict(
-        ((kind, queue), n)
-        for kind, queue, n in Failure.objects.filter(at__gte=engine.DbNow(-3600))
-        .values_list("kind", "queue")
-        .annotate(n=Count("pk"))
-        .values_list("kind", "queue", "n")
-    )
+def _depth_bars(summary: QueueSummary, labels: Mapping[str, Any] | None = None) -> list[tuple[str, float]]:
+    """Return ``(label, count)`` bars of a queue's states, a capped count said in its label."""
+    bars: list[tuple[str, float]] = []
+    for state, (count, exact) in summary.depth().items():
+        label = str(labels[state]) if labels else state
+        bars.append((label if exact else f"{label} ({count_text(count, exact)})", count))
+    return bars
+
+
+def _depth_rows(summary: QueueSummary, labels: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
+    """Return ``(label, count text)`` rows of a queue's states."""
+    return [
+        (str(labels[state]) if labels else state, count_text(count, exact))
+        for state, (count, exact) in summary.depth().items()
+    ]
+
+
+def _waits_row(summary: QueueSummary) -> tuple[str, str]:
+    return (_("oldest ready waits"), humanize_seconds(summary.oldest_ready))
+
+
+def _loop_card(summary: QueueSummary) -> dict[str, Any]:
+    """The rows and charts of a loop's card (an empty loop gets one line, no zeros)."""
+    if summary.empty:
+        return {"empty": True, "rows": [], "charts": []}
+    model: Any = summary.source
+    ages = lock_ages(model, summary.using, cap=DASHBOARD_COUNT_CAP)
+    rows = [
+        *_depth_rows(summary),
+        (_("most overdue"), humanize_seconds(summary.oldest_ready or 0.0)),
+        (_("longest lock left"), humanize_seconds(summary.longest_lock_left or 0.0)),
+    ]
+    charts = [
+        bar_chart(_depth_bars(summary), title=_("Queue depth by state")),
+        bar_chart(list(ages.items()), title=_("Locks by time until they end")),
+    ]
+    return {"empty": False, "rows": rows, "charts": charts}
+
+
+def _board_card(summary: QueueSummary) -> dict[str, Any]:
+    """The rows and charts of a board's card."""
+    rows = [
+        *_depth_rows(summary, JOB_STATE_LABELS),
+        (_("oldest live claim"), humanize_seconds(summary.oldest_claim)),
+        _waits_row(summary),
+    ]
+    chart = bar_chart(_depth_bars(summary, JOB_STATE_LABELS), title=_("Queue depth by state"))
+    return {"empty": False, "rows": rows, "charts": [chart]}
+
+
+def _tube_card(summary: QueueSummary) -> dict[str, Any]:
+    """The rows and charts of a tube's card (an empty tube gets no chart of zeros)."""
+    rows = [*_depth_rows(summary), _waits_row(summary)]
+    if summary.empty:
+        return {"empty": True, "rows": rows, "charts": []}
+    chart = bar_chart(_depth_bars(summary), title=_("Queue depth by state"))
+    return {"empty": False, "rows": rows, "charts": [chart]}
+
+
+def _card_links(summary: QueueSummary, site: admin.AdminSite) -> dict[str, Any]:
+    """The card's kind, its pause model and its links to the list and the statistics page."""
+    source: Any = summary.source
+    if summary.kind == "loop":
+        return {
+            "kind": _("loop"),
+            "model": source,
+            "list_url": _url(site, source, "changelist"),
+            "stats_url": _url(site, source, "stats"),
+        }
+    items, model, field = (Job, JobBoard, "board") if summary.kind == "job" else (Task, Tube, "tube")
+    kind = _("job board") if summary.kind == "job" else _("tube (%(type)s)") % {"type": source.type}
+    return {
+        "kind": kind,
+        "model": model,
+        "list_url": (_url(site, items, "changelist") or "") + f"?{field}__id__exact={source.pk}",
+        "stats_url": _url(site, model, "stats", source.pk),
+    }
+
+
+def _card(summary: QueueSummary, request: HttpRequest, site: admin.AdminSite) -> dict[str, Any]:
+    """Return one queue's card: its links, state rows, charts and failures of the last hour."""
+    links = _card_links(summary, site)
+    body = {"loop": _loop_card, "job": _board_card, "task": _tube_card}[summary.kind](summary)
     failures_url = _url(site, Failure, "changelist")
-    for card in cards:
-        n = failed.get((card["queue_kind"], card["queue"]), 0)
-        card["failures"] = n
-        card["failures_url"] = (
-            f"{failures_url}?queue={card['queue_kind']}:{card['queue']}" if failures_url else None
-        )
-        if "latency" in card:
-            card["rows"].append(
-                (
-                    _("oldest ready waits"),
-                    humanize_seconds(card["latency"]) if card["latency"] is not None else "—",
-                )
-            )
-    # Queues with work first; empty ones last, small.
-    cards.sort(key=lambda card: bool(card.get("empty")))
-    summary = []
-    if depth_totals:
-        summary.append(
-            bar_chart(
-                [(f"{name} (≥)" if name in capped else name, n) for name, n in depth_totals.items()],
-                title=_("Everything, by state (≥: counting stopped there)"),
-                width=520,
-            )
+    return {
+        "kind": links["kind"],
+        "title": summary.title,
+        "queue_kind": summary.kind,
+        "queue": summary.name,
+        "paused": summary.paused,
+        "can_pause": _can_change(request, site, links["model"]),
+        "list_url": links["list_url"],
+        "stats_url": links["stats_url"],
+        "latency": summary.oldest_ready,
+        "failures": summary.failures_last_hour,
+        "failures_url": f"{failures_url}?queue={summary.kind}:{summary.name}" if failures_url else None,
+        **body,
+    }
+
+
+def _visible_summaries(request: HttpRequest, site: admin.AdminSite) -> list[QueueSummary]:
+    """Return the summaries of the queues the user may see: loops, boards, then tubes."""
+    loops = [model for model in loop_models() if _can_view(request, site, model)]
+    kinds = ["loop"] if loops else []
+    kinds += [kind for kind, model in (("job", JobBoard), ("task", Tube)) if _can_view(request, site, model)]
+    return queue_summaries(kinds, cap=DASHBOARD_COUNT_CAP, limit=MAX_QUEUES, loops=loops)
+
+
+def _summary_charts(summaries: list[QueueSummary]) -> list[SafeString]:
+    """Return the charts over every queue: items by state, and the oldest locks."""
+    totals: dict[str, int] = {}
+    capped: set[str] = set()  # totals that include a count stopped at the cap
+    oldest: list[tuple[str, float]] = []
+    for summary in summaries:
+        for state, (count, exact) in summary.depth().items():
+            key = f"{summary.kind} {state}"
+            totals[key] = totals.get(key, 0) + count
+            if not exact:
+                capped.add(key)
+        if summary.kind == "job":
+            oldest.append((f"board {summary.name}", summary.oldest_claim or 0.0))
+        elif summary.kind == "loop" and not summary.empty:
+            oldest.append((summary.title, summary.oldest_ready or 0.0))
+    charts = []
+    if totals:
+        depth: list[tuple[str, float]] = [
+            (f"{n} (≥)" if n in capped else n, count) for n, count in totals.items()
+        ]
+        charts.append(
+            bar_chart(depth, title=_("Everything, by state (≥: counting stopped there)"), width=520)
         )
     if oldest:
-        summary.append(
-            bar_chart(
-                [(label, round(seconds, 1)) for label, seconds in oldest],
-                title=_("Oldest lock: most overdue loop id, oldest live job claim"),
-                unit="s",
-                width=520,
-            )
-        )
+        ages = [(label, round(seconds, 1)) for label, seconds in oldest]
+        title = _("Oldest lock: most overdue loop id, oldest live job claim")
+        charts.append(bar_chart(ages, title=title, unit="s", width=520))
+    return charts
+
+
+def _throughput_charts() -> list[SafeString]:
+    """Return the processed-items charts of the last hour and day (none if the day was idle)."""
     hour = throughput_series("*", None, 3600, 60)
     day = throughput_series("*", None, 24 * 3600, 1800)
-    throughput = []
-    if any(done or failed or back for _t, done, failed, back in day):
-        throughput = [
-            time_chart(
-                [(t.strftime("%H:%M"), (done, failed, back)) for t, done, failed, back in hour],
-                title=_("Processed per minute, last hour"),
-            ),
-            time_chart(
-                [(t.strftime("%H:%M"), (done, failed, back)) for t, done, failed, back in day],
-                title=_("Processed per half hour, last day"),
-            ),
-        ]
-    workers = list(WorkerProcess.objects.alive().order_by("host", "pid"))
+    if not any(done or failed or back for _t, done, failed, back in day):
+        return []
+    return [
+        time_chart(
+            [(t.strftime("%H:%M"), (done, failed, back)) for t, done, failed, back in points],
+            title=title,
+        )
+        for points, title in (
+            (hour, _("Processed per minute, last hour")),
+            (day, _("Processed per half hour, last day")),
+        )
+    ]
+
+
+def _workers() -> list[dict[str, Any]]:
+    """Return a row per live worker process: who, where, up for how long, what it holds."""
     now = engine.db_now()
+    return [
+        {
+            "identity": w.identity,
+            "host": w.host,
+            "pid": w.pid,
+            "up": humanize_seconds(seconds_between(now, w.started)),
+            "beat": humanize_seconds(seconds_between(now, w.beat_at)),
+            "serves": ", ".join(w.queues or []),
+            "holds": ", ".join(f"{n} of {q}" for q, n in (w.holding or {}).items()) or "—",
+        }
+        for w in WorkerProcess.objects.alive().order_by("host", "pid")
+    ]
+
+
+def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any]:
+    """Return the cards of the dashboard: what the user may see of loops, boards and tubes."""
+    summaries = _visible_summaries(request, site)
+    cards = [_card(summary, request, site) for summary in summaries]
+    # Queues with work first; empty ones last, small.
+    cards.sort(key=lambda card: bool(card["empty"]))
     return {
         "cards": cards,
-        "summary": summary,
-        "throughput": throughput,
-        "workers": [
-            {
-                "identity": w.identity,
-                "host": w.host,
-                "pid": w.pid,
-                "up": humanize_seconds(seconds_between(now, w.started)),
-                "beat": humanize_seconds(seconds_between(now, w.beat_at)),
-                "serves": ", ".join(w.queues or []),
-                "holds": ", ".join(f"{n} of {q}" for q, n in (w.holding or {}).items()) or "—",
-            }
-            for w in workers
-        ],
+        "summary": _summary_charts(summaries),
+        "throughput": _throughput_charts(),
+        "workers": _workers(),
         "workers_url": _url(site, WorkerProcess, "changelist"),
-        "failures_url": failures_url,
+        "failures_url": _url(site, Failure, "changelist"),
         "lock_buckets": [label for _upper, label in LOCK_BUCKETS],
     }
 
@@ -259,27 +244,23 @@ def pause_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
     """Pause or resume one queue (POST ``kind``, ``queue``, ``do``=pause|resume) for a user who
     may change that kind of queue; back to the dashboard."""
     kind, queue, do = request.POST.get("kind"), request.POST.get("queue", ""), request.POST.get("do")
+    model: Any = None
+    target: Any = None
     if kind == "task":
-        model: Any = Tube
-        target = Tube.objects.filter(name=queue).first()
+        model, target = Tube, Tube.objects.filter(name=queue).first()
     elif kind == "job":
-        model = JobBoard
-        target = JobBoard.objects.filter(name=queue).first()
+        model, target = JobBoard, JobBoard.objects.filter(name=queue).first()
     elif kind == "loop":
         model = next((m for m in loop_models() if m._meta.label_lower == queue), None)
-        target = model
-    else:
-        model = target = None
+        # A loop's pause()/resume() are its manager's verbs.
+        target = None if model is None else model._default_manager
     if model is None or target is None or do not in ("pause", "resume"):
         raise PermissionDenied("unknown queue or verb")
     if not _can_change(request, site, model):
         raise PermissionDenied
-    if kind == "loop":
-        (pause if do == "pause" else resume)("loop", queue, model._default_manager.db)
-    else:
-        getattr(target, do)()
+    getattr(target, do)()
     messages.success(request, f"{'Paused' if do == 'pause' else 'Resumed'} {kind} queue {queue}.")
-    return HttpResponseRedirect(dashboard_url(site))
+    return HttpResponseRedirect(dashboard_url(site) or reverse("admin:index", current_app=site.name))
 
 
 def dashboard_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:

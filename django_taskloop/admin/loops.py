@@ -9,7 +9,7 @@ from django.apps import apps
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import F, Min, Q, QuerySet
+from django.db.models import F, Min, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -17,7 +17,8 @@ from django.utils.module_loading import module_has_submodule
 from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
-from ..engine import DbNow, db_now
+from ..models.loops import TaskLoopQuerySet
+from ..stats import LOOP_STATES, lock_ages, loop_summary
 from .base import (
     TaskloopAdminMixin,
     count_text,
@@ -32,8 +33,6 @@ from .paginator import EstimatedCountPaginator
 
 __all__ = ["LoopStateFilter", "TaskLoopAdmin", "loop_models", "loop_overview", "register_loops"]
 
-# Buckets of "time until the lock ends", for the lock-age chart.
-LOCK_BUCKETS = ((60, "< 1 min"), (600, "1–10 min"), (3600, "10–60 min"), (6 * 3600, "1–6 h"), (None, "> 6 h"))
 # Counting beyond this many rows of one state is not worth a slow page: show "10,000 (≥)".
 STATE_COUNT_CAP = 10_000
 # The dashboard shows every queue at once: it stops counting sooner.
@@ -47,15 +46,6 @@ def loop_state(obj: Any, now: Any) -> str:
     return "locked" if obj.lock_until > now else "bumped"
 
 
-LOOP_STATES = {
-    # Each is a range of the loop's claim index (lock_until, last_updated, id).
-    "new": Q(lock_until__isnull=True, last_updated__isnull=True),
-    "idle": Q(lock_until__isnull=True, last_updated__isnull=False),
-    "locked": Q(lock_until__gt=DbNow()),
-    "bumped": Q(lock_until__lte=DbNow()),
-}
-
-
 class LoopStateFilter(admin.SimpleListFilter):
     """New, idle, locked or bumped (bumped includes expired locks)."""
 
@@ -66,57 +56,20 @@ class LoopStateFilter(admin.SimpleListFilter):
         return [(name, _(name)) for name in LOOP_STATES]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        condition = LOOP_STATES.get(self.value() or "")
-        return queryset if condition is None else queryset.filter(condition)
+        value = self.value()
+        return queryset.filter(TaskLoopQuerySet.state_condition(value)) if value in LOOP_STATES else queryset
 
 
-def capped_count(queryset: QuerySet[Any], cap: int = STATE_COUNT_CAP) -> tuple[int, bool]:
-    """Return ``(count, exact)``, counting at most ``cap + 1`` rows."""
-    count = queryset.order_by()[: cap + 1].count()
-    return (cap, False) if count > cap else (count, True)
+def loop_overview(model: Any, using: str | None = None, *, cap: int = STATE_COUNT_CAP) -> dict[str, Any]:
+    """Return a loop's doloop ``stats()``, its depth by state and its lock ages.
 
-
-def loop_overview(
-    model: Any, using: str | None = None, *, full_stats: bool = True, cap: int = STATE_COUNT_CAP
-) -> dict[str, Any]:
-    """Return a loop's depth by state, its lock ages and (``full_stats``) doloop's ``stats()``.
-
-    Every figure reads an index range or stops counting at :data:`STATE_COUNT_CAP`: none of
-    them counts a whole big table. Without ``full_stats`` (the dashboard) only the two
-    figures it shows are read, each as one end of the claim index.
+    The depth is the read model's (:func:`django_taskloop.stats.loop_summary`), each count
+    stopping at ``cap`` except ``locked`` and ``bumped``, which ``stats()`` counts (few rows).
     """
-    manager = model._default_manager if using is None else model._default_manager.db_manager(using)
-    depth = {name: capped_count(manager.filter(condition), cap) for name, condition in LOOP_STATES.items()}
-    if full_stats:
-        stats = manager.stats()
-        depth["locked"] = (stats["locked"], True)
-        depth["bumped"] = (stats["bumped"], True)
-    else:
-        now = db_now(manager.db)
-        # Each one row from one end of an index range (a filtered MIN/MAX scans the table).
-        lock_until = manager.order_by().values_list("lock_until", flat=True)
-        # Skipped when the depth already says there is nothing to find.
-        oldest_bump = (
-            depth["bumped"][0] and lock_until.filter(lock_until__lte=now).order_by("lock_until").first()
-        )
-        last_lock = (
-            depth["locked"][0] and lock_until.filter(lock_until__gt=now).order_by("-lock_until").first()
-        )
-        stats = {
-            "max_bump_time": seconds_between(now, oldest_bump or None) or 0.0,
-            "max_lock_time": seconds_between(last_lock or None, now) or 0.0,
-        }
-    # One range of the claim index per bucket, each counted up to the cap: a CASE aggregate
-    # over every locked row would read them all.
-    ages = {}
-    lower = 0
-    for upper, label in LOCK_BUCKETS:
-        condition = Q(lock_until__gt=DbNow(lower))
-        if upper is not None:
-            condition &= Q(lock_until__lte=DbNow(upper))
-        ages[label] = capped_count(manager.filter(condition), cap)[0] if depth["locked"][0] else 0
-        lower = upper or lower
-    return {"stats": stats, "depth": depth, "lock_ages": ages}
+    summary = loop_summary(model, using, cap=cap)
+    stats = model._default_manager.db_manager(summary.using).stats()
+    depth = {**summary.depth(), "locked": (stats["locked"], True), "bumped": (stats["bumped"], True)}
+    return {"stats": stats, "depth": depth, "lock_ages": lock_ages(model, summary.using, cap=cap)}
 
 
 def depth_chart(depth: dict[str, tuple[int, bool]], title: str) -> Any:

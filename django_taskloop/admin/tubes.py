@@ -31,6 +31,7 @@ from ..models.tubes import (
     TubeStat,
     calls_from,
 )
+from ..stats import tube_summary
 from .base import (
     TaskloopAdminMixin,
     dashboard_url,
@@ -44,7 +45,7 @@ from .charts import bar_chart
 from .loops import STATE_COUNT_CAP
 from .operating import failure_history, last_failure_note
 
-__all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "tube_depth", "tube_overview"]
+__all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "tube_overview"]
 
 
 class TaskStateFilter(admin.SimpleListFilter):
@@ -316,22 +317,6 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             self.message_user(request, reason, messages.ERROR)
 
 
-def tube_depth(tube: Tube, cap: int = 100_000) -> dict[str, tuple[int, bool]]:
-    """Return ``{state: (count, exact)}`` of a tube's tasks, each count stopping at ``cap``.
-
-    The states are ``Task.objects``' named states (``expired`` included). One range of the
-    (tube, state, pri, id) index per state (of the ttl index for ``expired``), instead of
-    ``statistics()``'s count of every task: the dashboard stays fast at millions of tasks.
-    """
-    using = tube._state.db or router.db_for_read(Task)
-    tasks = Task.objects.using(using).filter(tube=tube)
-    depth = {}
-    for name in TASK_STATES:
-        count = tasks.in_state(name).order_by()[: cap + 1].count()
-        depth[name] = (min(count, cap), count <= cap)
-    return depth
-
-
 def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
     """Return a tube's statistics in Tarantool's shape and the first ttr deadline.
 
@@ -341,7 +326,7 @@ def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
     false) and the call counters are read from the tube's counter rows.
     """
     using = tube._state.db or router.db_for_read(Tube)
-    depth = tube_depth(tube, STATE_COUNT_CAP)
+    depth = tube_summary(tube, cap=STATE_COUNT_CAP).depth()
     counted = all(is_exact for _count, is_exact in depth.values())
     if exact or counted:
         # A page view only reads: overdue tasks are shown as overdue, not freed.

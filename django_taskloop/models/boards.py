@@ -780,15 +780,60 @@ class JobBoard(models.Model):
 
 
 class JobQuerySet(models.QuerySet):
-    """Jobs, with the upkeep that the reaper runs."""
+    """Named states of jobs, read with the database's clock, and the upkeep the reaper runs.
+
+    Every job on a board is in exactly one of :attr:`STATES`: ``unclaimed`` (never claimed, or
+    abandoned), ``claimed`` (under a live claim), ``expired`` (its claim's expiry has passed:
+    TaskFlow's UNCLAIMED, claimable again, its columns not tidied up yet) or ``trashed``.
+    :meth:`claimable` is ``unclaimed`` and ``expired`` together.
+    """
+
+    #: The states, in the order the admin and the metrics list them.
+    STATES = ("unclaimed", "claimed", "expired", "trashed")
+
+    @staticmethod
+    def state_condition(name: str) -> Q:
+        """Return state ``name`` as a ``Q`` (for a filter, or an aggregate's ``filter=``)."""
+        if name == "unclaimed":
+            return Q(trashed=False, claimed_by__isnull=True)
+        if name == "claimed":
+            return Q(trashed=False) & _live_claim()
+        if name == "expired":
+            return Q(trashed=False, claimed_by__isnull=False, claim_expires_at__lte=engine.DbNow())
+        if name == "trashed":
+            return Q(trashed=True)
+        raise ValueError(f"name must be one of {', '.join(JobQuerySet.STATES)}, not {name!r}")
 
     def claimable(self) -> Self:
         """Jobs nobody holds (never claimed, abandoned, or with an expired claim), not trashed."""
         return self.filter(_claimable(), trashed=False)
 
+    def unclaimed(self) -> Self:
+        """Jobs never claimed, or abandoned (not those whose claim expired), not trashed."""
+        return self.filter(self.state_condition("unclaimed"))
+
     def claimed(self) -> Self:
         """Jobs under a live claim."""
-        return self.filter(_live_claim(), trashed=False)
+        return self.filter(self.state_condition("claimed"))
+
+    def expired(self) -> Self:
+        """Jobs whose claim's expiry has passed: claimable again (the reaper clears the claim)."""
+        return self.filter(self.state_condition("expired"))
+
+    def trashed(self) -> Self:
+        """Jobs in the trash."""
+        return self.filter(self.state_condition("trashed"))
+
+    def in_state(self, name: str) -> Self:
+        """The jobs in state ``name``, one of :attr:`STATES`."""
+        return self.filter(self.state_condition(name))
+
+    def state_counts(self) -> dict[str, int]:
+        """Return ``{state: number of jobs}`` for every name of :attr:`STATES` (one read)."""
+        counts = self.order_by().aggregate(
+            **{name: models.Count("pk", filter=self.state_condition(name)) for name in self.STATES}
+        )
+        return {name: int(counts[name] or 0) for name in self.STATES}
 
     def in_claim_order(self) -> Self:
         """These jobs in the order claims hand them out: priority, then posting order."""

@@ -524,13 +524,51 @@ class TaskLoopQuerySet(models.QuerySet):
             idle.order_by(F("last_updated").desc(nulls_last=True)),
         )
 
+    # -- named states, read with the database's clock ------------------------------------
+
+    #: A row's states (the module's docstring): each one range of the claim index.
+    STATES = ("new", "idle", "locked", "bumped")
+
+    @staticmethod
+    def state_condition(name: str) -> Q:
+        """Return state ``name`` as a ``Q`` (for a filter, or an aggregate's ``filter=``)."""
+        if name == "new":
+            return Q(lock_until__isnull=True, last_updated__isnull=True)
+        if name == "idle":
+            return Q(lock_until__isnull=True, last_updated__isnull=False)
+        if name == "locked":
+            return Q(lock_until__gt=engine.DbNow())
+        if name == "bumped":
+            return Q(lock_until__lte=engine.DbNow())
+        raise ValueError(f"name must be one of {', '.join(TaskLoopQuerySet.STATES)}, not {name!r}")
+
+    def new(self) -> Self:
+        """Rows never done and not locked: claimed after the bumped ones."""
+        return self.filter(self.state_condition("new"))
+
+    def idle(self) -> Self:
+        """Rows done before and not locked (claimed once idle for ``min_loop_time``)."""
+        return self.filter(self.state_condition("idle"))
+
     def locked(self) -> Self:
-        """Rows under a lock that has not ended."""
-        return self.filter(lock_until__gt=engine.DbNow())
+        """Rows under a lock that has not ended (a bump into the future is such a lock)."""
+        return self.filter(self.state_condition("locked"))
 
     def bumped(self) -> Self:
         """Rows bumped or whose lock has ended: first in line."""
-        return self.filter(lock_until__lte=engine.DbNow())
+        return self.filter(self.state_condition("bumped"))
+
+    def in_state(self, name: str) -> Self:
+        """The rows in state ``name``, one of :attr:`STATES`."""
+        return self.filter(self.state_condition(name))
+
+    def state_counts(self) -> dict[str, int]:
+        """Return ``{state: number of rows}`` for every name of :attr:`STATES` (one read)."""
+        self._refuse_sliced("state_counts")
+        counts = self.order_by().aggregate(
+            **{name: Count("pk", filter=self.state_condition(name)) for name in self.STATES}
+        )
+        return {name: int(counts[name] or 0) for name in self.STATES}
 
 
 class TaskLoopManager(models.Manager.from_queryset(TaskLoopQuerySet)):  # type: ignore[misc]

@@ -1,0 +1,334 @@
+"""The read model: one :class:`QueueSummary` per queue (tube, job board, task loop).
+
+The single definition of what a queue holds, used by the admin's dashboard and statistics
+pages, the metrics and the commands. Every state is the facade's named queryset state
+(``Task.objects.ready()``, ``Job.objects.expired()``, ``SomeLoop.objects.bumped()``), read with
+the database's clock; nothing here writes. Counts are exact, or with ``cap`` stop counting at
+``cap`` rows per state (one range of a claim index each), so a page stays fast at millions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from django.apps import apps
+from django.db import router
+from django.db.models import Count, Q, QuerySet
+
+from . import engine
+from .models import (
+    KINDS,
+    Failure,
+    Job,
+    JobBoard,
+    JobPriority,
+    JobQuerySet,
+    Task,
+    TaskLoop,
+    TaskLoopQuerySet,
+    Tube,
+)
+from .models.tubes import TASK_STATES
+
+__all__ = [
+    "JOB_STATES",
+    "KINDS",
+    "LOCK_BUCKETS",
+    "LOOP_STATES",
+    "TASK_STATES",
+    "QueueSummary",
+    "board_priorities",
+    "board_summary",
+    "capped_count",
+    "failures_last_hour",
+    "lock_ages",
+    "loop_models",
+    "loop_summary",
+    "queue_summaries",
+    "tube_summary",
+]
+
+JOB_STATES: tuple[str, ...] = JobQuerySet.STATES
+LOOP_STATES: tuple[str, ...] = TaskLoopQuerySet.STATES
+#: Buckets of "time until the lock ends" (upper bound in seconds, label), for lock-age charts.
+LOCK_BUCKETS: tuple[tuple[int | None, str], ...] = (
+    (60, "< 1 min"),
+    (600, "1–10 min"),
+    (3600, "10–60 min"),
+    (6 * 3600, "1–6 h"),
+    (None, "> 6 h"),
+)
+
+Source = Tube | JobBoard | type[TaskLoop]
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueSummary:
+    """What one queue holds now, by the named states of its items."""
+
+    #: ``"task"`` (a tube), ``"job"`` (a board) or ``"loop"``.
+    kind: str
+    #: The queue's name: the tube's or board's name, the loop model's label (``app.model``).
+    name: str
+    #: A name for people: the tube's or board's name, the loop's verbose name (plural).
+    title: str
+    #: The database alias the queue was read from.
+    using: str
+    #: The tube, the board, or the loop's model.
+    source: Source
+    #: ``{state: count}``, every state of the kind in its order.
+    counts: dict[str, int]
+    #: The states whose count stopped at the cap (the true count is at least that).
+    capped: frozenset[str]
+    #: Seconds the next item to run has waited (a loop: since its oldest bump or expired
+    #: lock); ``None`` when nothing is ready.
+    oldest_ready: float | None
+    #: Whether workers leave the queue alone.
+    paused: bool
+    #: The database's clock when the queue was read.
+    now: dt.datetime
+    #: Handler failures recorded for the queue in the last hour.
+    failures_last_hour: int = 0
+    #: A board's oldest live claim: seconds since it was made (``None``: no live claim).
+    oldest_claim: float | None = None
+    #: A loop's lock that ends last: seconds until it does (``None``: nothing locked).
+    longest_lock_left: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        """Whether the queue holds nothing at all."""
+        return not any(self.counts.values())
+
+    @property
+    def exact(self) -> bool:
+        """Whether every count is exact (none stopped at the cap)."""
+        return not self.capped
+
+    def depth(self) -> dict[str, tuple[int, bool]]:
+        """Return ``{state: (count, exact)}``."""
+        return {state: (n, state not in self.capped) for state, n in self.counts.items()}
+
+
+class NamedStates(Protocol):
+    """A queryset with named states: ``in_state(name)`` and ``state_counts()``."""
+
+    def in_state(self, name: str) -> QuerySet[Any]: ...
+
+    def state_counts(self) -> dict[str, int]: ...
+
+
+def capped_count(queryset: QuerySet[Any], cap: int) -> tuple[int, bool]:
+    """Return ``(count, exact)``, counting at most ``cap + 1`` rows."""
+    count = queryset.order_by()[: cap + 1].count()
+    return (cap, False) if count > cap else (count, True)
+
+
+def _counts(
+    queryset: NamedStates, states: Sequence[str], cap: int | None
+) -> tuple[dict[str, int], frozenset[str]]:
+    """Count ``queryset`` by its named states: all in one read, or each up to ``cap``."""
+    if cap is None:
+        return queryset.state_counts(), frozenset()
+    counts, capped = {}, set()
+    for state in states:
+        counts[state], exact = capped_count(queryset.in_state(state), cap)
+        if not exact:
+            capped.add(state)
+    return counts, frozenset(capped)
+
+
+def _since(now: dt.datetime, then: dt.datetime | None) -> float | None:
+    return None if then is None else max(0.0, (now - engine.to_datetime(then)).total_seconds())
+
+
+def _until(now: dt.datetime, then: dt.datetime | None) -> float | None:
+    return None if then is None else max(0.0, (engine.to_datetime(then) - now).total_seconds())
+
+
+def tube_summary(
+    tube: Tube, *, cap: int | None = None, now: dt.datetime | None = None, failures: int = 0
+) -> QueueSummary:
+    """Return a tube's summary: its tasks by ``Task.objects``' named states."""
+    using = tube._state.db or router.db_for_read(Task)
+    tasks = Task.objects.using(using).filter(tube=tube)
+    counts, capped = _counts(tasks, TASK_STATES, cap)
+    now = now or engine.db_now(using)
+    # The head of the claim order (one index read): the task the next take gets.
+    head = (
+        tasks.ready().in_claim_order().values_list("created", flat=True).first() if counts["ready"] else None
+    )
+    return QueueSummary(
+        kind="task",
+        name=tube.name,
+        title=tube.name,
+        using=using,
+        source=tube,
+        counts=counts,
+        capped=capped,
+        oldest_ready=_since(now, head),
+        paused=tube.paused,
+        now=now,
+        failures_last_hour=failures,
+    )
+
+
+def board_summary(
+    board: JobBoard, *, cap: int | None = None, now: dt.datetime | None = None, failures: int = 0
+) -> QueueSummary:
+    """Return a board's summary: its jobs by ``Job.objects``' named states."""
+    using = board._state.db or router.db_for_read(Job)
+    jobs = Job.objects.db_manager(using).filter(board=board)
+    counts, capped = _counts(jobs, JOB_STATES, cap)
+    now = now or engine.db_now(using)
+    # The job the next claim_next gets: unclaimed, or whose claim expired.
+    head = jobs.claimable().in_claim_order().values_list("created_on", flat=True).first()
+    oldest_claim = None
+    if counts["claimed"]:
+        oldest_claim = (
+            jobs.claimed().order_by("last_modified").values_list("last_modified", flat=True).first()
+        )
+    return QueueSummary(
+        kind="job",
+        name=board.name,
+        title=board.name,
+        using=using,
+        source=board,
+        counts=counts,
+        capped=capped,
+        oldest_ready=_since(now, head),
+        paused=board.paused,
+        now=now,
+        failures_last_hour=failures,
+        oldest_claim=_since(now, oldest_claim),
+    )
+
+
+def loop_summary(
+    model: type[TaskLoop],
+    using: str | None = None,
+    *,
+    cap: int | None = None,
+    now: dt.datetime | None = None,
+    failures: int = 0,
+) -> QueueSummary:
+    """Return a loop's summary: its ids by the loop queryset's named states."""
+    manager: Any = model._default_manager if using is None else model._default_manager.db_manager(using)
+    rows = manager.all()
+    counts, capped = _counts(rows, LOOP_STATES, cap)
+    now = now or engine.db_now(manager.db)
+    # Each one row from one end of a claim index range, skipped when the count says none.
+    lock_until = rows.order_by().values_list("lock_until", flat=True)
+    oldest_bump = lock_until.bumped().order_by("lock_until").first() if counts["bumped"] else None
+    last_lock = lock_until.locked().order_by("-lock_until").first() if counts["locked"] else None
+    return QueueSummary(
+        kind="loop",
+        name=model._meta.label_lower,
+        title=str(model._meta.verbose_name_plural),
+        using=manager.db,
+        source=model,
+        counts=counts,
+        capped=capped,
+        oldest_ready=_since(now, oldest_bump),
+        paused=manager.paused(),
+        now=now,
+        failures_last_hour=failures,
+        longest_lock_left=_until(now, last_lock),
+    )
+
+
+def board_priorities(board: JobBoard) -> dict[str, int]:
+    """Return ``{priority name: live jobs}`` of a board, every priority listed (one read)."""
+    using = board._state.db or router.db_for_read(Job)
+    live = Job.objects.db_manager(using).filter(board=board, trashed=False).order_by()
+    by_priority = {member.name: 0 for member in JobPriority}
+    for priority, n in live.values_list("priority").annotate(n=Count("pk")):
+        by_priority[priority.name if isinstance(priority, JobPriority) else str(priority)] = n
+    return by_priority
+
+
+def lock_ages(model: type[TaskLoop], using: str | None = None, *, cap: int) -> dict[str, int]:
+    """Return ``{bucket label: locked ids}`` by time until their lock ends (:data:`LOCK_BUCKETS`).
+
+    One range of the claim index per bucket, each counted up to ``cap``: a CASE aggregate
+    over every locked row would read them all.
+    """
+    manager: Any = model._default_manager if using is None else model._default_manager.db_manager(using)
+    ages = {label: 0 for _upper, label in LOCK_BUCKETS}
+    if not manager.locked().exists():
+        return ages
+    lower = 0
+    for upper, label in LOCK_BUCKETS:
+        condition = Q(lock_until__gt=engine.DbNow(lower))
+        if upper is not None:
+            condition &= Q(lock_until__lte=engine.DbNow(upper))
+        ages[label] = capped_count(manager.filter(condition), cap)[0]
+        lower = upper or lower
+    return ages
+
+
+def loop_models() -> list[type[TaskLoop]]:
+    """Return every concrete ``TaskLoop`` model of the installed apps (no proxies)."""
+    return [m for m in apps.get_models() if issubclass(m, TaskLoop) and not m._meta.proxy]
+
+
+def failures_last_hour() -> dict[tuple[str, str], int]:
+    """Return ``{(kind, queue): failures}`` of the last hour (one grouped read of an index)."""
+    rows = (
+        Failure.objects.filter(at__gte=engine.DbNow(-3600))
+        .values_list("kind", "queue")
+        .annotate(n=Count("pk"))
+        .values_list("kind", "queue", "n")
+    )
+    return {(kind, queue): n for kind, queue, n in rows}
+
+
+def queue_summaries(
+    kinds: Iterable[str] = KINDS,
+    *,
+    cap: int | None = None,
+    limit: int | None = None,
+    loops: Iterable[type[TaskLoop]] | None = None,
+) -> list[QueueSummary]:
+    """Return the summaries of every queue of ``kinds``, in that order of kinds, by name.
+
+    ``limit`` keeps at most that many tubes and as many boards (the first by name); ``cap``
+    stops each count there; ``loops`` narrows the loops (default: :func:`loop_models`). The
+    database's clock is read once per database.
+    """
+    kinds = list(kinds)
+    unknown = [kind for kind in kinds if kind not in KINDS]
+    if unknown:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {unknown[0]!r}")
+    failed = failures_last_hour()
+    clocks: dict[str, dt.datetime] = {}
+
+    def clock(using: str) -> dt.datetime:
+        if using not in clocks:
+            clocks[using] = engine.db_now(using)
+        return clocks[using]
+
+    summaries: list[QueueSummary] = []
+    for kind in kinds:
+        if kind == "task":
+            for tube in Tube.objects.order_by("name")[:limit]:
+                now = clock(tube._state.db or router.db_for_read(Task))
+                summaries.append(
+                    tube_summary(tube, cap=cap, now=now, failures=failed.get(("task", tube.name), 0))
+                )
+        elif kind == "job":
+            for board in JobBoard.objects.order_by("name")[:limit]:
+                now = clock(board._state.db or router.db_for_read(Job))
+                summaries.append(
+                    board_summary(board, cap=cap, now=now, failures=failed.get(("job", board.name), 0))
+                )
+        else:
+            for model in loop_models() if loops is None else loops:
+                label = model._meta.label_lower
+                now = clock(model._default_manager.db)
+                summaries.append(
+                    loop_summary(model, cap=cap, now=now, failures=failed.get(("loop", label), 0))
+                )
+    return summaries
