@@ -18,6 +18,7 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
 from ..engine import DbNow, db_now
+from ..models import TaskLoop
 from .base import (
     TaskloopAdminMixin,
     count_text,
@@ -28,6 +29,7 @@ from .base import (
     until_cell,
 )
 from .charts import bar_chart
+from .operating import failure_history
 from .paginator import EstimatedCountPaginator
 
 __all__ = ["LoopStateFilter", "TaskLoopAdmin", "loop_models", "loop_overview", "register_loops"]
@@ -212,8 +214,6 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("attempts and failures"))
     def failures(self, obj: Any) -> str:
-        from .operating import failure_history
-
         return failure_history((type(obj), obj.pk), self.admin_site.name)
 
     @admin.display(description=_("id"), ordering="pk")
@@ -337,8 +337,6 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
 def loop_models() -> list[Any]:
     """Return every concrete ``TaskLoop`` subclass of the installed apps."""
-    from ..models import TaskLoop
-
     return [m for m in apps.get_models() if issubclass(m, TaskLoop) and not m._meta.proxy]
 
 
