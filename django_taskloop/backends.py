@@ -17,7 +17,7 @@ import os
 import socket
 from functools import partial
 from traceback import format_exception
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
 from django.apps import apps
 from django.core import checks
@@ -60,6 +60,8 @@ __all__ = [
     "tube_name",
     "keyed_tube_name",
     "task_handlers",
+    "taskloop_backend",
+    "taskloop_backends",
 ]
 
 logger = logging.getLogger("django_taskloop.tasks")
@@ -632,15 +634,26 @@ def _tube(using: str, queue_name: str, fresh: bool = False, keyed: bool = False)
     return _tubes[key]
 
 
+def taskloop_backends() -> list[TaskloopBackend]:
+    """Return every ``TaskloopBackend`` of ``TASKS`` (none without a Tasks framework)."""
+    if not TASKS_AVAILABLE:
+        return []
+    backends = [task_backends[alias] for alias in task_backends.settings]
+    return [backend for backend in backends if isinstance(backend, TaskloopBackend)]
+
+
+def taskloop_backend(alias: str) -> TaskloopBackend:
+    """Return ``TASKS[alias]``, which must be a ``TaskloopBackend`` (``TypeError`` if not)."""
+    backend = task_backends[alias]
+    if not isinstance(backend, TaskloopBackend):
+        raise TypeError(f"TASKS[{alias!r}] is a {type(backend).__name__}, not a TaskloopBackend")
+    return backend
+
+
 def task_handlers() -> list[Handler]:
     """Return a tube handler for every queue of every ``TaskloopBackend`` in ``TASKS``."""
-    if TaskloopBackend is None:
-        return []
     handlers = []
-    for alias in task_backends.settings:
-        backend = task_backends[alias]
-        if not isinstance(backend, TaskloopBackend):
-            continue
+    for backend in taskloop_backends():
         for queue in sorted(backend.queues):
             for name, kind in ((tube_name(queue), "fifottl"), (keyed_tube_name(queue), "utubettl")):
                 handlers.append(
@@ -667,5 +680,4 @@ def _run_stored(task: TubeTask) -> None:
     if record is None:
         logger.warning("Django task %s has no record any more: dropped", result_id)
         return
-    backend = cast("TaskloopBackend", task_backends[record.backend])
-    backend.execute(result_id, f"{socket.gethostname()}:{os.getpid()}", queued=task)
+    taskloop_backend(record.backend).execute(result_id, f"{socket.gethostname()}:{os.getpid()}", queued=task)

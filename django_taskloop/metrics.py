@@ -16,6 +16,9 @@ from django.http import HttpRequest, HttpResponse
 
 from . import engine
 from .conf import setting
+from .models import Job, JobBoard, Task, Tube, WorkerProcess
+from .models.operating import throughput_totals
+from .reaper import loop_models
 
 __all__ = ["metrics", "render_metrics", "queue_gauges"]
 
@@ -39,9 +42,6 @@ def _age(oldest: Any, now: Any) -> float:
 
 def queue_gauges() -> Iterable[tuple[str, str, dict[str, int], float]]:
     """Yield ``(kind, queue, {state: count}, oldest ready age in seconds)`` for every queue."""
-    from .models import Job, JobBoard, Task, Tube
-    from .reaper import loop_models
-
     now = engine.db_now("default")
     for tube in Tube.objects.order_by("name"):
         tasks = Task.objects.filter(tube=tube)
@@ -86,9 +86,6 @@ def queue_gauges() -> Iterable[tuple[str, str, dict[str, int], float]]:
 
 def render_metrics() -> str:
     """Return the Prometheus text exposition of every queue."""
-    from .models import WorkerProcess
-    from .models.operating import throughput_totals
-
     lines = [
         "# HELP taskloop_items Items in each queue by state.",
         "# TYPE taskloop_items gauge",

@@ -108,9 +108,10 @@ class FailureQueueFilter(admin.SimpleListFilter):
         return [(q, q) for q in queues]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if not self.value():
+        value = self.value()
+        if not value:
             return queryset
-        kind, _sep, queue = self.value().partition(":")
+        kind, _sep, queue = value.partition(":")
         return queryset.filter(kind=kind, queue=queue)
 
 
