@@ -8,4 +8,14 @@ class TaskloopConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        """Register the system checks, and the built-in handlers with the worker registry."""
+        # Imported here, not at the top: these modules import the models, which Django loads
+        # only after it has imported every app's apps.py (ready() is its hook for that).
         from . import checks  # noqa: F401  (registers the system checks)
+        from .backends import task_handlers
+        from .schedules import schedule_handlers
+        from .workers import add_handler_source
+
+        # The Tasks backend's queues and the schedules' tube: the registry imports neither.
+        add_handler_source(task_handlers)
+        add_handler_source(schedule_handlers)

@@ -15,37 +15,43 @@ import inspect
 import logging
 import os
 import socket
+from functools import partial
 from traceback import format_exception
-from typing import TYPE_CHECKING, Any
+from typing import Any, NoReturn
 
+from django.apps import apps
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, router, transaction
+from django.db.models import Manager
 from django.utils.module_loading import import_string
 
+from . import engine
+from .compat import (
+    TASKS_AVAILABLE,
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+from .conf import setting
 from .exceptions import NotFound
+from .models import Task as TubeTask
+from .models import TaskRecord, TaskRecordStatus, Tube
+from .models.tubes import DELAYED, READY
 from .task_options import TaskloopTask, task_key
-
-try:  # Django 6.0+
-    from django.tasks import TaskResult, TaskResultStatus, task_backends
-    from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import Task, TaskContext, TaskError
-    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-    from django.tasks.signals import task_enqueued, task_finished, task_started
-    from django.utils.json import normalize_json
-except ImportError:  # Django 5.2 with the django-tasks backport
-    try:
-        from django_tasks import TaskResult, TaskResultStatus, task_backends  # type: ignore[no-redef]
-        from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
-        from django_tasks.base import Task, TaskContext, TaskError  # type: ignore[no-redef]
-        from django_tasks.exceptions import InvalidTaskError as InvalidTask  # type: ignore[no-redef]
-        from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
-        from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
-        from django_tasks.utils import normalize_json  # type: ignore[no-redef]
-    except ImportError:
-        BaseTaskBackend = None  # type: ignore[assignment,misc]
-
-if TYPE_CHECKING:
-    from .workers import Handler
+from .validation import check_handler, check_name
+from .workers import Handler
+from .workers.runtime import FailedForGood, StopNow, backoff, run_interruptibly
 
 __all__ = [
     "TaskloopBackend",
@@ -54,6 +60,8 @@ __all__ = [
     "tube_name",
     "keyed_tube_name",
     "task_handlers",
+    "taskloop_backend",
+    "taskloop_backends",
 ]
 
 logger = logging.getLogger("django_taskloop.tasks")
@@ -77,9 +85,13 @@ def keyed_tube_name(queue_name: str) -> str:
     return f"{KEYED_TUBE_PREFIX}{queue_name}"
 
 
-if BaseTaskBackend is not None:
+#: The manager of one database's task records (what the worker's steps pass each other).
+Records = Manager[TaskRecord]
 
-    class TaskloopBackend(BaseTaskBackend):  # type: ignore[valid-type,misc]
+
+if TASKS_AVAILABLE:
+
+    class TaskloopBackend(BaseTaskBackend):
         """Enqueue Django Tasks into tubes; ``manage.py workers`` runs them."""
 
         supports_defer = True
@@ -97,9 +109,6 @@ if BaseTaskBackend is not None:
                 raise ImproperlyConfigured(f"{error.msg} {error.hint}")
 
         def _not_installed(self) -> Any:
-            from django.apps import apps
-            from django.core import checks
-
             if apps.is_installed("django_taskloop"):
                 return None
             return checks.Error(
@@ -119,8 +128,6 @@ if BaseTaskBackend is not None:
         def validate_task(self, task: Any) -> None:
             super().validate_task(task)
             # The queue name becomes part of a tube name: check it here, at definition time.
-            from .validation import check_handler, check_name
-
             try:
                 check_name(tube_name(task.queue_name), "queue_name")
                 # A generator function would return an iterator unrun: refused here, not
@@ -136,9 +143,6 @@ if BaseTaskBackend is not None:
             PostgreSQL, one transaction elsewhere. ``run_after`` is the task's "not before" on
             the database's clock, as a put's delay would be.
             """
-            from . import engine
-            from .models import TaskRecord
-
             self._refuse_if_not_installed()
             self.validate_task(task)
             using = router.db_for_write(TaskRecord)
@@ -193,8 +197,6 @@ if BaseTaskBackend is not None:
             ``ttl``, ``ttr``, ``key``, a numeric ``backoff``), so that ``using()`` for one call
             holds for its retries too; a callable ``backoff`` is read from the task's definition.
             """
-            from .conf import setting
-
             key = task_key(task, args, kwargs)
             if task.ttr is not None and task.ttr < 2 * float(setting("HEARTBEAT_INTERVAL")):
                 # The worker renews a running task's lease at each heartbeat: a ttr shorter
@@ -205,8 +207,6 @@ if BaseTaskBackend is not None:
                     f"({setting('HEARTBEAT_INTERVAL')} s), not {task.ttr!r}"
                 )
             if key is not None:
-                from .validation import check_name
-
                 check_name(keyed_tube_name(task.queue_name), "queue_name")
             options: dict[str, Any] = {}
             if task.max_attempts != 1:
@@ -236,10 +236,8 @@ if BaseTaskBackend is not None:
             self, record: Any, task: Any, using: str, data: Any, key: str | None, unique_on: str | None
         ) -> Any:
             """INSERT the record and its tube task (or find the waiting twin); return the result."""
-            from . import engine
-            from .models import TaskRecord
 
-            def work(tube: Any) -> Any:
+            def work(tube: Tube) -> Any:
                 if unique_on is not None:
                     twin = self._waiting_twin(tube, record, key, unique_on, using)
                     if twin is not None:
@@ -258,7 +256,7 @@ if BaseTaskBackend is not None:
                     # write lock taken first serialises them; elsewhere _waiting_twin locks
                     # the tube's row.
                     twin = engine.run_in_transaction(
-                        TaskRecord, using, lambda tube=tube: work(tube), lock_first=unique_on is not None
+                        TaskRecord, using, partial(work, tube), lock_first=unique_on is not None
                     )
                     break
                 except (IntegrityError, NotFound) as error:
@@ -278,10 +276,6 @@ if BaseTaskBackend is not None:
 
             Locks the tube's row first, so that two enqueues of twins at once take turns.
             """
-            from .models import Task as TubeTask
-            from .models import TaskRecord, TaskRecordStatus, Tube
-            from .models.tubes import DELAYED, READY
-
             list(Tube.objects.using(using).select_for_update().filter(pk=tube.pk).values_list("pk"))
             waiting = TaskRecord.objects.using(using).filter(
                 backend=record.backend,
@@ -310,9 +304,6 @@ if BaseTaskBackend is not None:
             A task past its ``ttl`` reads FAILED (``TaskExpired``) at once, as the worker that
             reaches it will record it (:meth:`TaskRecord.expiry`), not READY until then.
             """
-            from . import engine
-            from .models import TaskRecord
-
             try:
                 record = TaskRecord.objects.get(pk=result_id, backend=self.alias)
             except (TaskRecord.DoesNotExist, ValueError, TypeError):
@@ -341,7 +332,7 @@ if BaseTaskBackend is not None:
                 # What the worker will record when it reaches the task (see execute).
                 status, finished_at = "FAILED", record.ttl_deadline()
                 errors = [*errors, _error_entry(expired)]
-            result = TaskResult(
+            result: TaskResult[Any] = TaskResult(
                 task=task,
                 id=record.id,
                 status=TaskResultStatus[status],
@@ -375,17 +366,36 @@ if BaseTaskBackend is not None:
             attempt); one with a ``ttl`` that was not started in time ends FAILED with
             :class:`~django_taskloop.exceptions.TaskExpired` and is never called.
             """
-            from . import engine
-            from .models import TaskRecord, TaskRecordStatus
-            from .workers import FailedForGood, StopNow, run_interruptibly
-
             using = router.db_for_write(TaskRecord)
             manager = TaskRecord.objects.db_manager(using)
             data = getattr(queued, "data", None)
-            options = data.get("options", {}) if isinstance(data, dict) else {}
-            expired: list[Any] = []
+            options: dict[str, Any] = data.get("options", {}) if isinstance(data, dict) else {}
+            record = self._start(manager, result_id, worker_id, options, using)
+            if record is None:
+                return
+            task = self._runnable(manager, record)
+            result = self._to_result(record, task)
+            task_started.send(type(self), task_result=result)
+            try:
+                value = normalize_json(self._call(task, record, result))
+            except StopNow:
+                # A hard stop of the worker: the task runs again (its tube task is given back).
+                manager.filter(pk=result_id, status=TaskRecordStatus.RUNNING).update(
+                    status=TaskRecordStatus.READY
+                )
+                raise
+            except BaseException as error:  # SystemExit and KeyboardInterrupt end the task too
+                self._failed(manager, record, task, options, queued, error, using)
+            self._finish(manager, record, TaskRecordStatus.SUCCESSFUL, value, None)
 
-            def start() -> Any:
+        def _start(
+            self, manager: Records, result_id: str, worker_id: str, options: dict[str, Any], using: str
+        ) -> TaskRecord | None:
+            """Mark the record RUNNING for this attempt and return it; ``None`` if it finished
+            already. A record past its ttl ends FAILED here (:class:`FailedForGood`)."""
+            expired: list[BaseException] = []
+
+            def start() -> TaskRecord | None:
                 record = manager.select_for_update().filter(pk=result_id).first()
                 if record is None or record.status in (TaskRecordStatus.SUCCESSFUL, TaskRecordStatus.FAILED):
                     # Finished already: the worker that ran it died before acknowledging.
@@ -407,58 +417,61 @@ if BaseTaskBackend is not None:
                 return record
 
             record = engine.run_in_transaction(TaskRecord, using, start)
-            if record is None:
-                return
-            if expired:
+            if record is not None and expired:
                 # It ended at its deadline, as get_result() has said since then.
                 deadline = record.ttl_deadline(options.get("ttl"))
                 self._finish(manager, record, TaskRecordStatus.FAILED, None, expired[0], finished_at=deadline)
                 raise FailedForGood(f"task {record.id} ({record.task_path}) expired") from expired[0]
+            return record
+
+        def _runnable(self, manager: Records, record: TaskRecord) -> Any:
+            """Return the Task ``record`` names; one that no longer imports ends FAILED."""
             try:
-                task = self._stored_task(record)
+                return self._stored_task(record)
             except (ImportError, TypeError) as error:
                 # The path no longer names a Task: nothing can run, and nothing will later.
                 self._finish(manager, record, TaskRecordStatus.FAILED, None, error)
                 raise FailedForGood(f"task {record.id}: {record.task_path} is not a Task") from error
-            result = self._to_result(record, task)
-            task_started.send(type(self), task_result=result)
+
+        def _call(self, task: Any, record: TaskRecord, result: Any) -> Any:
+            """Call the task's function with the record's arguments; return what it returned."""
             # An async def task's coroutine is awaited on the worker's event loop in this
             # thread (run_interruptibly), where a hard stop can interrupt and cancel it;
             # Task.call's async_to_sync would run it in a thread of its own, out of reach.
             call = task.func if inspect.iscoroutinefunction(task.func) else task.call
-            try:
-                if task.takes_context:
-                    value = run_interruptibly(
-                        call, TaskContext(task_result=result), *record.args, **record.kwargs
-                    )
-                else:
-                    value = run_interruptibly(call, *record.args, **record.kwargs)
-                value = normalize_json(value)
-            except StopNow:
-                # A hard stop of the worker: the task runs again (its tube task is given back).
-                manager.filter(pk=result_id, status=TaskRecordStatus.RUNNING).update(
-                    status=TaskRecordStatus.READY
-                )
-                raise
-            except BaseException as error:  # SystemExit and KeyboardInterrupt end the task too
-                attempt = len(record.worker_ids)
-                most = int(options.get("max_attempts", getattr(task, "max_attempts", 1)))
-                if queued is not None:
-                    # The runner numbers the Failure row by its item's attempts: this record's
-                    # attempt, not the take count of this attempt's own tube task.
-                    queued.attempts = attempt
-                if attempt < most:
-                    delay = self._retry(manager, record, task, options, attempt, error, using)
-                    raise FailedForGood(
-                        f"task {record.id} ({record.task_path}) failed (attempt {attempt} of {most}), "
-                        f"retrying in {delay:g} s"
-                    ) from error
-                # task_finished is sent inside the except block: its receivers log with
-                # logger.exception(), which needs the exception being handled.
-                self._finish(manager, record, TaskRecordStatus.FAILED, None, error)
-                suffix = f" (attempt {attempt} of {most})" if most > 1 else ""
-                raise FailedForGood(f"task {record.id} ({record.task_path}) failed{suffix}") from error
-            self._finish(manager, record, TaskRecordStatus.SUCCESSFUL, value, None)
+            if task.takes_context:
+                return run_interruptibly(call, TaskContext(task_result=result), *record.args, **record.kwargs)
+            return run_interruptibly(call, *record.args, **record.kwargs)
+
+        def _failed(
+            self,
+            manager: Records,
+            record: TaskRecord,
+            task: Any,
+            options: dict[str, Any],
+            queued: Any,
+            error: BaseException,
+            using: str,
+        ) -> NoReturn:
+            """Put a failed attempt back after its backoff, or end the task FAILED; raise
+            :class:`FailedForGood` either way (called while ``error`` is being handled)."""
+            attempt = len(record.worker_ids)
+            most = int(options.get("max_attempts", getattr(task, "max_attempts", 1)))
+            if queued is not None:
+                # The runner numbers the Failure row by its item's attempts: this record's
+                # attempt, not the take count of this attempt's own tube task.
+                queued.attempts = attempt
+            if attempt < most:
+                delay = self._retry(manager, record, task, options, attempt, error, using)
+                raise FailedForGood(
+                    f"task {record.id} ({record.task_path}) failed (attempt {attempt} of {most}), "
+                    f"retrying in {delay:g} s"
+                ) from error
+            # task_finished is sent inside the caller's except block: its receivers log with
+            # logger.exception(), which needs the exception being handled.
+            self._finish(manager, record, TaskRecordStatus.FAILED, None, error)
+            suffix = f" (attempt {attempt} of {most})" if most > 1 else ""
+            raise FailedForGood(f"task {record.id} ({record.task_path}) failed{suffix}") from error
 
         def _retry(
             self,
@@ -475,16 +488,11 @@ if BaseTaskBackend is not None:
             One transaction: the record and a new tube task (``put`` with ``delay``) in its
             queue's tube (its key's sub-queue for a keyed task). Returns the delay.
             """
-            from . import engine
-            from .models import TaskRecord, TaskRecordStatus
-
             if "backoff" in options:
                 delay = float(options["backoff"])
             elif isinstance(task, TaskloopTask):
                 delay = task.retry_delay(attempt)
             else:  # the definition lost its options since: the worker's backoff
-                from .workers.drivers import backoff
-
                 delay = backoff(attempt)
             errors = [*record.errors, _error_entry(error)]
             key = options.get("key")
@@ -511,9 +519,6 @@ if BaseTaskBackend is not None:
             ``TaskResultDoesNotExist`` for an unknown id and ``ValueError`` if the task is not
             FAILED or its path no longer names a Task.
             """
-            from . import engine
-            from .models import TaskRecord, TaskRecordStatus
-
             using = router.db_for_write(TaskRecord)
             manager = TaskRecord.objects.db_manager(using)
 
@@ -566,8 +571,6 @@ if BaseTaskBackend is not None:
             finished_at: Any = None,
         ) -> None:
             """Record how the task ended (``finished_at``: default now) and send ``task_finished``."""
-            from . import engine
-
             errors = list(record.errors)
             if error is not None:
                 errors.append(_error_entry(error))
@@ -580,43 +583,45 @@ if BaseTaskBackend is not None:
             record.refresh_from_db()
             task_finished.send(type(self), task_result=self._to_result(record))
 
-    def _has_options(task: Any) -> bool:
-        """Say whether ``task`` uses any django-taskloop option (a plain enqueue stays two INSERTs)."""
-        return isinstance(task, TaskloopTask) and (
-            task.max_attempts != 1
-            or task.backoff is not None
-            or task.ttl is not None
-            or task.ttr is not None
-            or task.key is not None
-            or bool(task.unique)
-            or task.enqueue_on_commit
-        )
-
-    def _error_entry(error: BaseException) -> dict[str, str]:
-        """Return ``error`` as one entry of ``TaskRecord.errors`` (Django's ``TaskError`` fields)."""
-        kind = type(error)
-        return {
-            "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
-            "traceback": "".join(format_exception(error)),
-        }
-
-    def _missing(*args: Any, **kwargs: Any) -> None:
-        """Stand-in for a stored task path that no longer imports (see ``_to_result``)."""
-        raise TypeError("the stored task path no longer names a Task")
-
 else:  # pragma: no cover - neither django.tasks nor the backport is installed
+    # A class, or None without a framework (mypy sees the framework of its Python version).
     TaskloopBackend = None  # type: ignore[assignment,misc]
 
 
+def _has_options(task: Any) -> bool:
+    """Say whether ``task`` uses any django-taskloop option (a plain enqueue stays two INSERTs)."""
+    return isinstance(task, TaskloopTask) and (
+        task.max_attempts != 1
+        or task.backoff is not None
+        or task.ttl is not None
+        or task.ttr is not None
+        or task.key is not None
+        or bool(task.unique)
+        or task.enqueue_on_commit
+    )
+
+
+def _error_entry(error: BaseException) -> dict[str, str]:
+    """Return ``error`` as one entry of ``TaskRecord.errors`` (Django's ``TaskError`` fields)."""
+    kind = type(error)
+    return {
+        "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
+        "traceback": "".join(format_exception(error)),
+    }
+
+
+def _missing(*args: Any, **kwargs: Any) -> None:
+    """Stand-in for a stored task path that no longer imports (see ``_to_result``)."""
+    raise TypeError("the stored task path no longer names a Task")
+
+
 #: The tube of each queue, by (database alias, queue name): enqueue looks it up once per process.
-_tubes: dict[tuple[str, str], Any] = {}
+_tubes: dict[tuple[str, str], Tube] = {}
 
 
-def _tube(using: str, queue_name: str, fresh: bool = False, keyed: bool = False) -> Any:
+def _tube(using: str, queue_name: str, fresh: bool = False, keyed: bool = False) -> Tube:
     """Return the tube that holds ``queue_name``'s tasks (``keyed``: its keyed tasks), made on
     first use."""
-    from .models import Tube
-
     key = (using, keyed_tube_name(queue_name) if keyed else queue_name)
     tube = _tubes.get(key)
     # No look here whether a cached tube is still there: the task's INSERT writes only if it
@@ -629,17 +634,26 @@ def _tube(using: str, queue_name: str, fresh: bool = False, keyed: bool = False)
     return _tubes[key]
 
 
+def taskloop_backends() -> list[TaskloopBackend]:
+    """Return every ``TaskloopBackend`` of ``TASKS`` (none without a Tasks framework)."""
+    if not TASKS_AVAILABLE:
+        return []
+    backends = [task_backends[alias] for alias in task_backends.settings]
+    return [backend for backend in backends if isinstance(backend, TaskloopBackend)]
+
+
+def taskloop_backend(alias: str) -> TaskloopBackend:
+    """Return ``TASKS[alias]``, which must be a ``TaskloopBackend`` (``TypeError`` if not)."""
+    backend = task_backends[alias]
+    if not isinstance(backend, TaskloopBackend):
+        raise TypeError(f"TASKS[{alias!r}] is a {type(backend).__name__}, not a TaskloopBackend")
+    return backend
+
+
 def task_handlers() -> list[Handler]:
     """Return a tube handler for every queue of every ``TaskloopBackend`` in ``TASKS``."""
-    if TaskloopBackend is None:
-        return []
-    from .workers import Handler
-
     handlers = []
-    for alias in task_backends.settings:
-        backend = task_backends[alias]
-        if not isinstance(backend, TaskloopBackend):
-            continue
+    for backend in taskloop_backends():
         for queue in sorted(backend.queues):
             for name, kind in ((tube_name(queue), "fifottl"), (keyed_tube_name(queue), "utubettl")):
                 handlers.append(
@@ -659,13 +673,11 @@ def task_handlers() -> list[Handler]:
     return handlers
 
 
-def _run_stored(task: Any) -> None:
+def _run_stored(task: TubeTask) -> None:
     """Run the Django Task a tube task points at (the tube handler of the backend's queues)."""
-    from .models import TaskRecord
-
-    result_id = task.data["result"]
+    result_id = (task.data or {})["result"]
     record = TaskRecord.objects.filter(pk=result_id).only("backend").first()
     if record is None:
         logger.warning("Django task %s has no record any more: dropped", result_id)
         return
-    task_backends[record.backend].execute(result_id, f"{socket.gethostname()}:{os.getpid()}", queued=task)
+    taskloop_backend(record.backend).execute(result_id, f"{socket.gethostname()}:{os.getpid()}", queued=task)

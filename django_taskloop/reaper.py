@@ -11,21 +11,25 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.apps import apps
 from django.db import router
 
 from . import engine
 from .conf import setting, tasks_backend_aliases
 from .exceptions import NotFound
+from .models import (
+    Consumer,
+    Failure,
+    Job,
+    JobBoard,
+    TaskRecord,
+    TaskRecordStatus,
+    Tube,
+    WorkerProcess,
+)
+from .models.operating import prune_throughput
+from .stats import loop_models
 
 __all__ = ["reap", "format_report", "loop_models"]
-
-
-def loop_models() -> list[Any]:
-    """Return every concrete :class:`TaskLoop` model of the installed apps."""
-    from .models import TaskLoop
-
-    return [m for m in apps.get_models() if issubclass(m, TaskLoop) and not m._meta.abstract]
 
 
 def _aliases(model: Any, using: str | None) -> Iterable[str]:
@@ -39,8 +43,6 @@ def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
     "results": {"django-tasks": counts}}``. ``using`` picks a database alias; by default each
     model's routed alias for writes.
     """
-    from .models import Consumer, Job, JobBoard, TaskRecord, TaskRecordStatus, Tube
-
     report: dict[str, dict[str, dict[str, int]]] = {"loops": {}, "boards": {}, "tubes": {}, "results": {}}
 
     for model in loop_models():
@@ -70,9 +72,6 @@ def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
         forgotten = Consumer.objects.using(alias).forget_dead()
         if forgotten:
             report["tubes"].setdefault("(consumers)", {})["dead_forgotten"] = forgotten
-
-    from .models import Failure, WorkerProcess
-    from .models.operating import prune_throughput
 
     for alias in _aliases(Failure, using):
         operating = {

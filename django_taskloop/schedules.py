@@ -17,9 +17,8 @@ once per cron tick across every process and host (SPEC §7).
   is killed is taken again when the lease ends (at least once), while the tick itself is
   claimed exactly once. A run that raises is not retried: the next tick is the retry.
 
-Cron expressions are read by `cronsim <https://pypi.org/project/cronsim/>`_ (Debian cron's
-rules; five fields, or six with a leading seconds field) in ``TASKLOOP["TIME_ZONE"]`` (default
-UTC).
+Cron parsing, time zones and the ``@periodic`` registry live in :mod:`django_taskloop.cron`
+(re-exported here); this module is the worker's side: rows, ticks and runs.
 """
 
 from __future__ import annotations
@@ -29,17 +28,17 @@ import inspect
 import json
 import logging
 import time
-import zoneinfo
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from cronsim import CronSim, CronSimError
 from django.db import IntegrityError, router
 from django.utils.module_loading import import_string
 
+from . import engine
 from .conf import setting
-from .validation import check_handler, check_name
+from .cron import Cron, ScheduleError, ScheduleSpec, parse_cron, periodic, periodic_registry, time_zone
+from .models import Schedule, Tube
+from .validation import check_name
+from .workers import FailedForGood, Handler, autodiscover, run_interruptibly
 
 __all__ = [
     "ScheduleError",
@@ -53,6 +52,7 @@ __all__ = [
     "Ticker",
     "PERIODIC_TUBE",
     "schedule_handlers",
+    "time_zone",
 ]
 
 logger = logging.getLogger("django_taskloop.schedules")
@@ -66,103 +66,6 @@ PERIODIC_TTR = 30.0
 REFRESH = 5.0
 #: Seconds a worker leaves a schedule alone after its enqueue failed (a broken task path).
 BACKOFF = 60.0
-
-
-class ScheduleError(ValueError):
-    """A schedule that cannot run: bad cron expression, missing task, bad arguments."""
-
-
-@dataclass(frozen=True)
-class Cron:
-    """A parsed cron expression: five fields (minute hour day month weekday), or six with a
-    leading seconds field (``*/10 * * * * *``: every ten seconds)."""
-
-    expression: str
-
-    def next_after(self, now: dt.datetime, time_zone: str = "UTC") -> dt.datetime:
-        """Return the first tick strictly after ``now`` (aware), as an aware UTC datetime."""
-        zone = zoneinfo.ZoneInfo(time_zone)
-        # CronSim drops the microseconds and yields ticks strictly after what is left: after
-        # 12:05:00.4, "* * * * *" gives 12:06, never 12:05 again.
-        tick = next(CronSim(self.expression, now.astimezone(zone)))
-        return tick.astimezone(dt.UTC)
-
-
-def parse_cron(expression: Any) -> Cron:
-    """Return ``expression`` parsed; raise :class:`ScheduleError` saying what is wrong."""
-    if not isinstance(expression, str):
-        raise ScheduleError(f"cron must be a str such as '*/5 * * * *', not {type(expression).__name__}")
-    text = " ".join(expression.split())
-    try:
-        it = CronSim(text, dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
-        next(it)
-    except CronSimError as error:
-        raise ScheduleError(f"bad cron expression {expression!r}: {error}") from None
-    except StopIteration:
-        raise ScheduleError(f"cron expression {expression!r} never matches") from None
-    return Cron(text)
-
-
-def time_zone() -> str:
-    """Return ``TASKLOOP["TIME_ZONE"]`` (default UTC), checked."""
-    name = setting("TIME_ZONE") or "UTC"
-    try:
-        zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError):
-        raise ScheduleError(f'TASKLOOP["TIME_ZONE"] {name!r} is not a known time zone') from None
-    return name
-
-
-@dataclass
-class ScheduleSpec:
-    """One schedule as the code declares it."""
-
-    name: str
-    kind: str  # "periodic" or "task"
-    cron: Cron
-    target: str
-    func: Callable[..., Any] | None = None
-    args: list[Any] = field(default_factory=list)
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-#: The ``@periodic`` functions registered so far, by schedule name.
-periodic_registry: dict[str, ScheduleSpec] = {}
-
-
-def periodic(cron: str, name: str | None = None) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
-    """Run the decorated function (no arguments) on ``cron``'s schedule, once per tick across
-    every worker process and host.
-
-    ``name`` (default: the function's dotted path) names the schedule in the admin. A bad cron
-    expression or a name already taken raises :class:`ScheduleError` here, at import.
-    """
-    parsed = parse_cron(cron)
-    if name is not None:
-        try:
-            check_name(name, "name")
-        except (TypeError, ValueError) as error:
-            raise ScheduleError(str(error)) from None
-
-    def decorate(func: Callable[[], Any]) -> Callable[[], Any]:
-        try:
-            check_handler(func, "@periodic function")
-        except TypeError as error:
-            raise ScheduleError(str(error)) from None
-        path = f"{func.__module__}.{func.__qualname__}"
-        label = name or path
-        if name is None:
-            try:
-                check_name(label, "name")
-            except ValueError as error:
-                raise ScheduleError(f"{error}; pass @periodic(..., name=...)") from None
-        existing = periodic_registry.get(label)
-        if existing is not None and existing.target != path:
-            raise ScheduleError(f"a schedule named {label!r} is already registered ({existing.target})")
-        periodic_registry[label] = ScheduleSpec(label, "periodic", parsed, path, func=func)
-        return func
-
-    return decorate
 
 
 def _load_task(path: str) -> Any:
@@ -233,8 +136,6 @@ def setting_schedules() -> list[ScheduleSpec]:
 def configured() -> list[ScheduleSpec]:
     """Return every schedule the code declares (``@periodic`` and ``TASKLOOP["SCHEDULE"]``),
     checked; a name used by both raises :class:`ScheduleError`."""
-    from .workers import autodiscover
-
     autodiscover()
     time_zone()
     specs = list(periodic_registry.values())
@@ -249,9 +150,6 @@ def sync(specs: list[ScheduleSpec], using: str | None = None) -> None:
     """Write a row for each schedule in ``specs``, or update the row whose cron expression, time
     zone or target changed (its next tick computed afresh from now). Pauses are kept; rows of
     schedules the code no longer declares are left alone (the admin can delete them)."""
-    from . import engine
-    from .models import Schedule
-
     if not specs:
         return
     using = using or router.db_for_write(Schedule)
@@ -302,8 +200,6 @@ class Ticker:
     :meth:`tick`). Idle, it costs one read every :data:`REFRESH` seconds."""
 
     def __init__(self, specs: list[ScheduleSpec], using: str | None = None) -> None:
-        from .models import Schedule
-
         self.specs = {spec.name: spec for spec in specs}
         self.using = using or router.db_for_write(Schedule)
         self.zone = time_zone()
@@ -318,9 +214,6 @@ class Ticker:
 
     def refresh(self) -> None:
         """Read the schedules' next ticks and pauses, and the database's clock, in one query."""
-        from . import engine
-        from .models import Schedule
-
         rows = list(
             Schedule.objects.using(self.using)
             .filter(name__in=list(self.specs))
@@ -363,7 +256,6 @@ class Ticker:
     def claim(self, spec: ScheduleSpec) -> bool:
         """Claim ``spec``'s due tick, starting its run in the same transaction; say whether this
         process claimed it."""
-        from .models import Schedule
 
         def start(now: dt.datetime) -> None:
             if spec.kind == "task":
@@ -393,8 +285,6 @@ class Ticker:
 
 def record_error(name: str, error: BaseException, using: str) -> None:
     """Keep the last error of schedule ``name`` for the admin."""
-    from .models import Schedule
-
     try:
         Schedule.objects.using(using).filter(name=name).update(
             last_error=f"{type(error).__module__}.{type(error).__qualname__}: {error}"[:10_000]
@@ -406,7 +296,6 @@ def record_error(name: str, error: BaseException, using: str) -> None:
 def _periodic_tube(using: str) -> Any:
     # Looked up at each tick (ticks are rare), not cached: a tube dropped since (from the
     # admin, say) is made afresh rather than failing every tick.
-    from .models import Tube
 
     return Tube.objects.db_manager(using).create_tube(
         PERIODIC_TUBE, "fifottl", ttr=PERIODIC_TTR, if_not_exists=True
@@ -415,9 +304,6 @@ def _periodic_tube(using: str) -> Any:
 
 def _run_periodic(task: Any) -> None:
     """Run the ``@periodic`` function a tick's tube task names (the handler of :data:`PERIODIC_TUBE`)."""
-    from .models import Schedule
-    from .workers import FailedForGood, run_interruptibly
-
     name = task.data["schedule"]
     spec = periodic_registry.get(name)
     if spec is None or spec.func is None:
@@ -434,10 +320,8 @@ def _run_periodic(task: Any) -> None:
     Schedule.objects.using(using).filter(name=name).exclude(last_error="").update(last_error="")
 
 
-def schedule_handlers() -> list[Any]:
+def schedule_handlers() -> list[Handler]:
     """Return the handler of :data:`PERIODIC_TUBE` when ``@periodic`` functions exist."""
-    from .workers import Handler
-
     if not periodic_registry:
         return []
     return [

@@ -19,15 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .compat import TASKS_AVAILABLE, Task
 from .validation import check_seconds
-
-try:  # Django 6.0+
-    from django.tasks.base import Task
-except ImportError:  # Django 5.2 with the django-tasks backport
-    try:
-        from django_tasks.base import Task  # type: ignore[no-redef]
-    except ImportError:  # pragma: no cover - neither is installed
-        Task = None  # type: ignore[assignment,misc]
+from .workers.runtime import backoff
 
 __all__ = ["TaskloopTask", "OPTION_NAMES", "task_key", "check_options"]
 
@@ -81,10 +75,10 @@ def task_key(task: Any, args: Any, kwargs: Any) -> str | None:
     return key
 
 
-if Task is not None:
+if TASKS_AVAILABLE:
 
     @dataclass(frozen=True, slots=True, kw_only=True)
-    class TaskloopTask(Task):  # type: ignore[valid-type,misc]
+    class TaskloopTask(Task):
         """A Django ``Task`` with django-taskloop's options (see the module's docstring)."""
 
         #: Runs in all before the task ends FAILED (1: no retry). Any exception counts.
@@ -126,7 +120,7 @@ if Task is not None:
                 return "key" if self.key is not None else "args"
             return self.unique or None
 
-        def using(self, **changes: Any) -> Any:  # type: ignore[override]
+        def using(self, **changes: Any) -> Any:
             """Return a copy with other defaults: Django's ``priority``, ``queue_name``,
             ``run_after``, ``backend``, and this backend's options."""
             ours = {name: changes.pop(name) for name in OPTION_NAMES if name in changes}
@@ -136,8 +130,6 @@ if Task is not None:
         def retry_delay(self, attempt: int) -> float:
             """Return the seconds to wait after failed attempt ``attempt`` (1-based)."""
             if self.backoff is None:
-                from .workers.drivers import backoff
-
                 return backoff(attempt)
             if callable(self.backoff):
                 delay = self.backoff(attempt)

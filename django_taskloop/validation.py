@@ -13,13 +13,35 @@ import math
 import re
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, overload
 
 from django.db.models import QuerySet
 
 # Longer than any lease anyone needs, short enough that now + seconds stays a valid datetime
 # on every database (about 31 years).
 MAX_SECONDS = 1_000_000_000
+
+
+@overload
+def check_seconds(
+    value: Any,
+    name: str,
+    *,
+    allow_none: Literal[False] = False,
+    positive: bool = False,
+    non_negative: bool = False,
+) -> float: ...
+
+
+@overload
+def check_seconds(
+    value: Any,
+    name: str,
+    *,
+    allow_none: bool,
+    positive: bool = False,
+    non_negative: bool = False,
+) -> float | None: ...
 
 
 def check_seconds(

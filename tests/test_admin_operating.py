@@ -278,3 +278,12 @@ def test_paused_queues_are_marked_on_their_lists(boss):
     )
     IntLoop.objects.resume()
     assert "Workers are paused" not in boss.get(reverse("admin:testapp_intloop_changelist")).content.decode()
+
+
+def test_the_dashboard_is_a_url_of_the_site_and_its_old_url_redirects_there(boss):
+    dashboard = reverse("admin:django_taskloop_dashboard")
+    assert dashboard == "/admin/django_taskloop/dashboard/"
+    assert reverse("admin:django_taskloop_pause") == "/admin/django_taskloop/dashboard/pause/"
+    old = boss.get("/admin/django_taskloop/jobboard/dashboard/")
+    assert old.status_code == 302 and old["Location"] == dashboard
+    assert boss.get(dashboard).status_code == 200

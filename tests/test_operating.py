@@ -173,3 +173,36 @@ def test_reap_locks_prunes_old_failures_throughput_and_gone_workers(settings):
     )
     assert not Failure.objects.exists() and not WorkerProcess.objects.exists()
     assert throughput_totals()[("task", "q")]["done"] == 1
+
+
+def test_the_pause_verbs_live_on_paused_queues_manager():
+    from django_taskloop.models import PausedQueue
+    from django_taskloop.models.operating import is_paused, pause, resume
+
+    pauses = PausedQueue.objects
+    assert not pauses.is_paused("task", "mail")
+    pauses.pause("task", "mail")
+    pauses.pause("task", "mail")  # twice: a no-op
+    assert pauses.is_paused("task", "mail") and is_paused("task", "mail")
+    assert pauses.is_paused("task", "mail", fresh=False)
+    assert not pauses.is_paused("job", "mail")
+    assert PausedQueue.objects.filter(kind="task", queue="mail").count() == 1
+    pauses.resume("task", "mail")
+    assert not pauses.is_paused("task", "mail")
+    # The module-level spellings are the same verbs on a database alias.
+    pause("job", "builds", "default")
+    assert pauses.is_paused("job", "builds")
+    resume("job", "builds", "default")
+    assert not is_paused("job", "builds")
+    with pytest.raises(ValueError, match="kind must be"):
+        pauses.pause("tube", "mail")
+
+
+def test_failures_of_a_job_are_found_by_its_model_label():
+    board = JobBoard.objects.create_board("b")
+    job = board.post("build-1")
+    Failure.objects.record(kind="job", queue="b", item=job.uuid, attempt=1, worker="w", error=OSError("x"))
+    assert [f.error for f in Failure.objects.for_item(job)] == ["builtins.OSError"]
+    # Another model's instance is neither a task nor a job.
+    with pytest.raises(TypeError, match="for_item"):
+        Failure.objects.for_item(board)

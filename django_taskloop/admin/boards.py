@@ -9,7 +9,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import router
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -401,21 +401,15 @@ class JobBoardAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         )
 
     def get_urls(self) -> list[Any]:
-        from .dashboard import dashboard_view, pause_view
-
         site = self.admin_site
+
+        def dashboard_was_here(request: HttpRequest) -> HttpResponse:
+            # The dashboard is a URL of the site now (admin/__init__.py): old links go there.
+            return HttpResponseRedirect(reverse("admin:django_taskloop_dashboard", current_app=site.name))
+
         return [
             path("<path:object_id>/stats/", site.admin_view(self.stats_view), name=self.url_name("stats")),
-            path(
-                "dashboard/",
-                site.admin_view(lambda request: dashboard_view(request, site)),
-                name="django_taskloop_dashboard",
-            ),
-            path(
-                "dashboard/pause/",
-                site.admin_view(lambda request: pause_view(request, site)),
-                name="django_taskloop_pause",
-            ),
+            path("dashboard/", dashboard_was_here),
             *super().get_urls(),
         ]
 

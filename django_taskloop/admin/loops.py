@@ -18,7 +18,7 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
 from ..models.loops import TaskLoopQuerySet
-from ..stats import LOOP_STATES, lock_ages, loop_summary
+from ..stats import LOOP_STATES, lock_ages, loop_models, loop_summary
 from .base import (
     TaskloopAdminMixin,
     count_text,
@@ -29,6 +29,7 @@ from .base import (
     until_cell,
 )
 from .charts import bar_chart
+from .operating import failure_history
 from .paginator import EstimatedCountPaginator
 
 __all__ = ["LoopStateFilter", "TaskLoopAdmin", "loop_models", "loop_overview", "register_loops"]
@@ -165,8 +166,6 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("attempts and failures"))
     def failures(self, obj: Any) -> str:
-        from .operating import failure_history
-
         return failure_history((type(obj), obj.pk), self.admin_site.name)
 
     @admin.display(description=_("id"), ordering="pk")
@@ -286,13 +285,6 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/django_taskloop/stats.html", context)
-
-
-def loop_models() -> list[Any]:
-    """Return every concrete ``TaskLoop`` subclass of the installed apps."""
-    from ..models import TaskLoop
-
-    return [m for m in apps.get_models() if issubclass(m, TaskLoop) and not m._meta.proxy]
 
 
 def register_loops(site: admin.AdminSite | None = None, *, pending_ok: bool = True) -> list[Any]:

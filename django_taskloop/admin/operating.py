@@ -18,7 +18,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Failure, Job, Task, Tube, WorkerProcess
+from ..engine import db_now
+from ..models import Failure, Job, JobBoard, Task, Tube, WorkerProcess
+from ..reaper import loop_models
 from .base import TaskloopAdminMixin, humanize_seconds, seconds_between
 
 __all__ = ["FailureAdmin", "WorkerProcessAdmin", "failure_history", "register"]
@@ -99,19 +101,17 @@ class FailureQueueFilter(admin.SimpleListFilter):
         queues = [
             f"task:{name}" for name in Tube.objects.order_by("name").values_list("name", flat=True)[:100]
         ]
-        from ..models import JobBoard
-        from .loops import loop_models
-
         queues += [
             f"job:{name}" for name in JobBoard.objects.order_by("name").values_list("name", flat=True)[:100]
         ]
-        queues += [f"loop:{model._meta.label_lower}" for model in loop_models()]
+        queues += [f"loop:{model._meta.label_lower}" for model in loop_models() if not model._meta.proxy]
         return [(q, q) for q in queues]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if not self.value():
+        value = self.value()
+        if not value:
             return queryset
-        kind, _sep, queue = self.value().partition(":")
+        kind, _sep, queue = value.partition(":")
         return queryset.filter(kind=kind, queue=queue)
 
 
@@ -208,8 +208,6 @@ class WorkerProcessAdmin(admin.ModelAdmin):
         return False
 
     def _now(self) -> Any:
-        from ..engine import db_now
-
         return db_now()
 
     @admin.display(description=_("up for"))

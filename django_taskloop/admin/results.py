@@ -21,6 +21,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
+from ..backends import taskloop_backend, taskloop_backends
 from ..conf import setting
 from ..models import TaskRecord, TaskRecordStatus
 from .base import TaskloopAdminMixin, humanize_seconds, state_badge
@@ -28,7 +29,7 @@ from .base import TaskloopAdminMixin, humanize_seconds, state_badge
 __all__ = ["TaskRecordAdmin", "register"]
 
 #: The colour (admin.css class) of each status: the tubes' colours for the same meaning.
-STATUS_CSS = {
+STATUS_CSS: dict[str, str] = {
     TaskRecordStatus.READY: "ready",
     TaskRecordStatus.RUNNING: "taken",
     TaskRecordStatus.FAILED: "failed",
@@ -47,17 +48,9 @@ class QueueFilter(admin.SimpleListFilter):
     parameter_name = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        from ..backends import TaskloopBackend
-
-        if TaskloopBackend is None:
-            return []
-        from ..backends import task_backends
-
         queues: set[str] = set()
-        for alias in task_backends.settings:
-            backend = task_backends[alias]
-            if isinstance(backend, TaskloopBackend):
-                queues |= set(backend.queues)
+        for backend in taskloop_backends():
+            queues |= set(backend.queues)
         return [(q, q) for q in sorted(queues)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -131,11 +124,9 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         """A FAILED result's page offers the retry the list's action does."""
         if obj.status != TaskRecordStatus.FAILED:
             return None
-        from ..backends import task_backends
-
         return (
             str(_("Retry: a new attempt of this result")),
-            lambda: task_backends[obj.backend].retry(obj.id),
+            lambda: taskloop_backend(obj.backend).retry(obj.id),
         )
 
     @admin.display(description=_("id"))
@@ -217,12 +208,10 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.action(description=_("Retry (a new attempt of the same result)"), permissions=["change"])
     def retry_tasks(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        from ..backends import task_backends
-
         retried, refused = 0, []
         for record in queryset.only("id", "backend"):
             try:
-                task_backends[record.backend].retry(record.id)
+                taskloop_backend(record.backend).retry(record.id)
                 retried += 1
             except Exception as error:  # refusals become messages; nothing else changes
                 refused.append(f"{record.id[:8]}: {error}")

@@ -73,15 +73,15 @@ class ScheduleAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.action(description=_("Run now (once, by the first worker to look)"), permissions=["change"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self._each(request, queryset, Schedule.objects.run_now, _("%(n)d schedule(s) due now."))
+        self._each(request, queryset, Schedule.objects.run_now, str(_("%(n)d schedule(s) due now.")))
 
     @admin.action(description=_("Pause: no tick runs"), permissions=["change"])
     def pause_schedules(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self._each(request, queryset, Schedule.objects.pause, _("%(n)d schedule(s) paused."))
+        self._each(request, queryset, Schedule.objects.pause, str(_("%(n)d schedule(s) paused.")))
 
     @admin.action(description=_("Resume (from the next tick)"), permissions=["change"])
     def resume_schedules(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self._each(request, queryset, Schedule.objects.resume, _("%(n)d schedule(s) resumed."))
+        self._each(request, queryset, Schedule.objects.resume, str(_("%(n)d schedule(s) resumed.")))
 
 
 def register(site: admin.AdminSite) -> None:

@@ -30,6 +30,7 @@ from django.db.models.sql import InsertQuery
 
 from .. import engine
 from ..validation import as_id_list, check_count, check_seconds
+from .operating import is_paused, pause, resume
 
 __all__ = ["TaskLoop", "TaskLoopManager", "TaskLoopQuerySet"]
 
@@ -581,20 +582,14 @@ class TaskLoopManager(models.Manager.from_queryset(TaskLoopQuerySet)):  # type: 
         ``claim()`` called by your own code is not affected: the pause is for the loop's
         ``@loop`` handlers in ``manage.py workers``.
         """
-        from .operating import pause
-
         pause("loop", self.model._meta.label_lower, self.db)
 
     def resume(self) -> None:
         """Let workers claim from this loop again."""
-        from .operating import resume
-
         resume("loop", self.model._meta.label_lower, self.db)
 
     def paused(self) -> bool:
         """Whether workers leave this loop alone (read from the database)."""
-        from .operating import is_paused
-
         return is_paused("loop", self.model._meta.label_lower, self.db)
 
 

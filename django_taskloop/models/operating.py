@@ -11,6 +11,7 @@ and the live worker processes (SPEC §7).
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 import traceback as traceback_module
 from typing import Any
@@ -34,6 +35,10 @@ __all__ = [
 #: What a queue is: a tube, a job board, or a loop (named by its model label).
 KINDS = ("task", "job", "loop")
 _QUEUE_LENGTH = 100
+#: The model labels of a tube's task and a board's job (Failure.objects.for_item dispatches on
+#: them: this module is below boards and tubes, which record failures and pauses here).
+_TUBE_TASK = "django_taskloop.task"
+_BOARD_JOB = "django_taskloop.job"
 
 
 def _clean(text: str, limit: int | None = None) -> str:
@@ -87,13 +92,11 @@ class FailureManager(models.Manager["Failure"]):
 
     def for_item(self, obj: Any) -> models.QuerySet[Failure]:
         """Return the failures of a tube ``Task``, a board ``Job`` or ``(LoopModel, id)``, newest first."""
-        from .boards import Job
-        from .tubes import Task
-
-        if isinstance(obj, Task):
+        label = obj._meta.label_lower if isinstance(obj, models.Model) else None
+        if label == _TUBE_TASK:
             where = {"kind": "task", "queue": obj.tube.name, "item": str(obj.pk)}
             using = obj._state.db or "default"
-        elif isinstance(obj, Job):
+        elif label == _BOARD_JOB:
             where = {"kind": "job", "queue": obj.board.name, "item": str(obj.uuid)}
             using = obj._state.db or "default"
         elif isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], type):
@@ -145,12 +148,58 @@ class Failure(models.Model):
 # -- pauses --------------------------------------------------------------------------------------
 
 
+#: How long a worker may trust what it read about a pause (SPEC: honoured within a second).
+PAUSE_CACHE_SECONDS = 0.5
+_pause_cache: dict[tuple[str, str, str], tuple[float, bool]] = {}
+
+
+class PausedQueueManager(models.Manager["PausedQueue"]):
+    """``pause()``, ``resume()`` and ``is_paused()`` a queue of a kind (on this manager's database)."""
+
+    def pause(self, kind: str, queue: str) -> None:
+        """Pause ``queue`` of ``kind``; pausing twice is a no-op."""
+        kind = _check_kind(kind)
+        using = self.db
+        try:
+            engine.run_in_transaction(
+                PausedQueue,
+                using,
+                lambda: self.using(using).get_or_create(
+                    kind=kind, queue=queue, defaults={"since": engine.DbNow()}
+                ),
+            )
+        except IntegrityError:
+            pass  # a rival paused it at the same moment
+        _pause_cache.pop((using, kind, queue), None)
+
+    def resume(self, kind: str, queue: str) -> None:
+        """Resume ``queue`` of ``kind``; resuming a queue that is not paused is a no-op."""
+        kind = _check_kind(kind)
+        self.filter(kind=kind, queue=queue).delete()
+        _pause_cache.pop((self.db, kind, queue), None)
+
+    def is_paused(self, kind: str, queue: str, *, fresh: bool = True) -> bool:
+        """Say whether ``queue`` is paused; ``fresh=False`` may answer from a cache up to half a
+        second old (the claim paths of workers, which must not pay a query per claim)."""
+        key = (self.db, kind, queue)
+        now = time.monotonic()
+        if not fresh:
+            cached = _pause_cache.get(key)
+            if cached is not None and now - cached[0] < PAUSE_CACHE_SECONDS:
+                return cached[1]
+        paused = self.filter(kind=kind, queue=queue).exists()
+        _pause_cache[key] = (now, paused)
+        return paused
+
+
 class PausedQueue(models.Model):
     """A queue workers leave alone until it is resumed (one row per paused queue)."""
 
     kind = models.CharField(max_length=4, choices=[(k, k) for k in KINDS])
     queue = models.CharField(max_length=_QUEUE_LENGTH)
     since = models.DateTimeField()
+
+    objects = PausedQueueManager()
 
     class Meta:
         app_label = "django_taskloop"
@@ -161,46 +210,22 @@ class PausedQueue(models.Model):
         return f"{self.kind} {self.queue} (paused)"
 
 
-#: How long a worker may trust what it read about a pause (SPEC: honoured within a second).
-PAUSE_CACHE_SECONDS = 0.5
-_pause_cache: dict[tuple[str, str, str], tuple[float, bool]] = {}
+# The module-level spellings of the manager's verbs (facades and workers call these).
 
 
 def pause(kind: str, queue: str, using: str = "default") -> None:
-    """Pause ``queue`` of ``kind``; pausing twice is a no-op."""
-    kind = _check_kind(kind)
-    try:
-        engine.run_in_transaction(
-            PausedQueue,
-            using,
-            lambda: PausedQueue.objects.using(using).get_or_create(
-                kind=kind, queue=queue, defaults={"since": engine.DbNow()}
-            ),
-        )
-    except IntegrityError:
-        pass  # a rival paused it at the same moment
-    _pause_cache.pop((using, kind, queue), None)
+    """Pause ``queue`` of ``kind`` (:meth:`PausedQueueManager.pause` on ``using``)."""
+    PausedQueue.objects.db_manager(using).pause(kind, queue)
 
 
 def resume(kind: str, queue: str, using: str = "default") -> None:
-    """Resume ``queue`` of ``kind``; resuming a queue that is not paused is a no-op."""
-    kind = _check_kind(kind)
-    PausedQueue.objects.using(using).filter(kind=kind, queue=queue).delete()
-    _pause_cache.pop((using, kind, queue), None)
+    """Resume ``queue`` of ``kind`` (:meth:`PausedQueueManager.resume` on ``using``)."""
+    PausedQueue.objects.db_manager(using).resume(kind, queue)
 
 
 def is_paused(kind: str, queue: str, using: str = "default", *, fresh: bool = True) -> bool:
-    """Say whether ``queue`` is paused; ``fresh=False`` may answer from a cache up to half a
-    second old (the claim paths of workers, which must not pay a query per claim)."""
-    key = (using, kind, queue)
-    now = time.monotonic()
-    if not fresh:
-        cached = _pause_cache.get(key)
-        if cached is not None and now - cached[0] < PAUSE_CACHE_SECONDS:
-            return cached[1]
-    paused = PausedQueue.objects.using(using).filter(kind=kind, queue=queue).exists()
-    _pause_cache[key] = (now, paused)
-    return paused
+    """Say whether ``queue`` is paused (:meth:`PausedQueueManager.is_paused` on ``using``)."""
+    return PausedQueue.objects.db_manager(using).is_paused(kind, queue, fresh=fresh)
 
 
 # -- throughput ----------------------------------------------------------------------------------
@@ -270,8 +295,6 @@ def throughput_series(
     """Return ``(bucket start, done, failed, given back)`` for the last ``since_seconds``,
     one entry per bucket of ``bucket_seconds`` (multiples of a minute), oldest first; every
     bucket is there, empty ones with zeros. ``queue`` None sums every queue of ``kind``."""
-    import datetime as dt
-
     now = _minute(using)
     bucket = max(60, int(bucket_seconds) // 60 * 60)
     start = now - dt.timedelta(seconds=since_seconds)

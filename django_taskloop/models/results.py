@@ -76,13 +76,16 @@ class TaskRecord(models.Model):
         ``ttl`` stands in for :attr:`ttl` on records stored without it (enqueued before the
         column existed: their tube task's data carries it)."""
         ttl = self.ttl if self.ttl is not None else ttl
-        if ttl is None or self.started_at is not None or self.enqueued_at is None:
+        since = self._ttl_since()
+        if ttl is None or self.started_at is not None or since is None:
             return None
-        return self._ttl_since() + dt.timedelta(seconds=ttl)
+        return since + dt.timedelta(seconds=ttl)
 
-    def _ttl_since(self) -> dt.datetime:
+    def _ttl_since(self) -> dt.datetime | None:
         # A run_after later than the enqueue extends the lifetime, as a delay does in a tube.
-        return max(self.enqueued_at, self.run_after or self.enqueued_at)  # type: ignore[type-var]
+        if self.enqueued_at is None:
+            return None
+        return max(self.enqueued_at, self.run_after or self.enqueued_at)
 
     def expiry(self, now: dt.datetime, ttl: float | None = None) -> TaskExpired | None:
         """Return why the task has expired at ``now`` (the database's clock), else ``None``.

@@ -20,6 +20,7 @@ from typing import Any
 from django.db import models
 
 from .. import engine
+from ..cron import parse_cron
 
 __all__ = ["Schedule", "SCHEDULE_KINDS"]
 
@@ -86,8 +87,6 @@ class ScheduleManager(models.Manager["Schedule"]):
     def resume(self, name: str, using: str = "default") -> None:
         """Resume schedule ``name``; its next tick is the first one after now (the ticks missed
         while it was paused do not run). Resuming a running schedule is a no-op."""
-        from ..schedules import parse_cron
-
         row = self.using(using).filter(name=name).first()
         if row is None:
             raise LookupError(f"no schedule named {name!r}")

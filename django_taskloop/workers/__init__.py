@@ -1,5 +1,5 @@
 """Handlers that ``manage.py workers`` runs: ``@loop``, ``@tube`` and ``@board`` (and
-``@periodic`` functions, see :mod:`django_taskloop.schedules`).
+``@periodic`` functions, see :mod:`django_taskloop.cron`).
 
 Register handlers in an installed app's ``taskloop.py`` (found like ``admin.py``)::
 
@@ -24,17 +24,19 @@ tube tasks are buried and jobs trashed after ``TASKLOOP["MAX_ATTEMPTS"]`` attemp
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import inspect
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.utils.module_loading import autodiscover_modules
 
-from ..schedules import periodic
+from ..cron import periodic
 from ..validation import check_count, check_handler, check_name, check_seconds
+from .runtime import FailedForGood, StopNow, run_interruptibly
+from .runtime import backoff as backoff  # re-exported: drivers and the runner import them here
+from .runtime import event_loop as event_loop
+from .runtime import inside_user_code as inside_user_code
 
 __all__ = [
     "Handler",
@@ -48,92 +50,8 @@ __all__ = [
     "StopNow",
     "FailedForGood",
     "run_interruptibly",
+    "add_handler_source",
 ]
-
-
-class StopNow(BaseException):
-    """Raised inside a running handler by the second signal or the end of the grace period.
-
-    A ``BaseException`` so that a handler's ``except Exception`` does not swallow it. Code that
-    catches ``BaseException`` around user code (the Django Tasks backend) must re-raise it: the
-    worker gives the item back.
-    """
-
-
-class FailedForGood(Exception):
-    """Raise from a handler when the item failed and must not be retried.
-
-    The worker settles it as it settles success (the tube task is acknowledged, the job
-    consumed, the loop id marked done), counts it as failed and logs ``__cause__``. The Django
-    Tasks backend raises it after recording a task as FAILED.
-    """
-
-
-def run_interruptibly(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call user code that a hard stop may interrupt (with :class:`StopNow`); return its result.
-
-    The worker interrupts only code running *inside* this call: once ``func`` has returned, a
-    hard stop no longer interrupts it, so what finished is settled as finished and never run
-    again (see :func:`inside_user_code`). Drivers call each handler through it; code that runs
-    user code inside a handler of its own (the Django Tasks backend) calls it around that code.
-
-    An ``async def`` function (or any call that returns an awaitable) is run to completion on
-    this process's event loop, here in the main thread, so that a hard stop interrupts it the
-    same way (the coroutine is then cancelled) and nothing is settled before it has finished.
-    """
-    result = func(*args, **kwargs)
-    if inspect.isawaitable(result):
-        loop = event_loop()
-        future = asyncio.ensure_future(result, loop=loop)
-        try:
-            # Awaited in this frame, not a helper's: a signal that finds the main thread here
-            # (not deeper) is at the edge, before the run or after it returned.
-            result = loop.run_until_complete(future)
-        except BaseException:
-            _cancel(loop, future)
-            raise
-    return result
-
-
-_loop: asyncio.AbstractEventLoop | None = None
-
-
-def event_loop() -> asyncio.AbstractEventLoop:
-    """Return this process's event loop for ``async def`` handlers (made on first use)."""
-    global _loop
-    if _loop is None or _loop.is_closed():
-        _loop = asyncio.new_event_loop()
-    return _loop
-
-
-def _cancel(loop: asyncio.AbstractEventLoop, future: Awaitable[Any]) -> None:
-    """Cancel a coroutine a stop interrupted, and let it run its cleanup (a second at most)."""
-    if not isinstance(future, asyncio.Future) or future.done():
-        return
-    future.cancel()
-    try:
-        loop.run_until_complete(asyncio.wait([future], timeout=1.0))
-    except BaseException:  # a further stop: leave the rest of its cleanup undone
-        pass
-
-
-def inside_user_code(frame: Any) -> bool | None:
-    """Tell where a signal found the main thread: ``True`` inside user code, ``False`` outside.
-
-    ``None`` means at the edge, in :func:`run_interruptibly`'s own frame: user code is about
-    to start or has just returned, and which one cannot be told; the worker looks again a
-    moment later. Deciding from the stack rather than from a flag set after the call closes
-    the window in which a handler had returned (its work committed) but the flag still said
-    "running", where a hard stop gave finished work back to be run again.
-    """
-    code = run_interruptibly.__code__
-    if frame is not None and frame.f_code is code:
-        return None
-    while frame is not None:
-        if frame.f_code is code:
-            return True
-        frame = frame.f_back
-    return False
 
 
 @dataclass
@@ -172,6 +90,17 @@ class Handler:
 #: Every handler registered so far, by name.
 registry: dict[str, Handler] = {}
 
+#: Callables that return built-in handlers (the Tasks backend's queues, the schedules' tube),
+#: added by :meth:`TaskloopConfig.ready <django_taskloop.apps.TaskloopConfig.ready>`: the
+#: registry imports none of its plug-ins.
+handler_sources: list[Callable[[], Iterable[Handler]]] = []
+
+
+def add_handler_source(source: Callable[[], Iterable[Handler]]) -> None:
+    """Make :func:`get_handlers` add the handlers ``source()`` returns (once per source)."""
+    if source not in handler_sources:
+        handler_sources.append(source)
+
 
 def _register(handler: Handler) -> Handler:
     check_handler(handler.func)
@@ -198,6 +127,8 @@ def loop(
     handler's measured time, see :class:`Handler`) and locked for ``lock_for`` seconds (renewed
     while the handler runs); each id the handler returns from is marked done.
     """
+    # Lazy: importing workers.runtime (as task_options does, at import of a tasks module)
+    # runs this package's __init__, which must not need the app registry.
     from ..models import TaskLoop
 
     if not (isinstance(model, type) and issubclass(model, TaskLoop) and not model._meta.abstract):
@@ -306,12 +237,10 @@ def get_handlers(only: Iterable[str] | None = None) -> list[Handler]:
     """Return the handlers to run: every registered one (and the Tasks backend's queues), or
     those named in ``only``; an unknown name raises ``ValueError``."""
     autodiscover()
-    from ..backends import task_handlers
-    from ..schedules import schedule_handlers
-
     handlers = dict(registry)
-    for handler in [*task_handlers(), *schedule_handlers()]:
-        handlers.setdefault(handler.name, handler)
+    for source in handler_sources:
+        for handler in source():
+            handlers.setdefault(handler.name, handler)
     if only:
         # A loop is named by its model label, which Django spells in any case (news.FeedLoop).
         loops = {name.lower(): name for name, handler in handlers.items() if handler.kind == "loop"}

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..conf import setting
+from ..models import Consumer, JobBoard, Tube
+from ..models.operating import is_paused
 from . import Handler, run_interruptibly
 
 logger = logging.getLogger("django_taskloop.workers")
@@ -139,8 +141,6 @@ class LoopDriver(Driver):
             return self._failures.get(item, 0) + 1
 
     def paused(self) -> bool:
-        from ..models.operating import is_paused
-
         return is_paused("loop", self.queue, self.using, fresh=False)
 
     @property
@@ -206,8 +206,6 @@ class TubeDriver(Driver):
         return max(0.05, min(every, float(setting("CONSUMER_TIMEOUT")) / 3))
 
     def prepare(self) -> None:
-        from ..models import Tube
-
         self.tube = Tube.objects.create_tube(self.handler.target, if_not_exists=True, **self.handler.create)
 
     def _ttl_type(self) -> bool:
@@ -280,8 +278,6 @@ class TubeDriver(Driver):
         self.tube.touch_many(timed, self.beat_every, consumer=self.identity)
 
     def beat(self) -> None:
-        from ..models import Consumer
-
         # A consumer that stops beating for CONSUMER_TIMEOUT is dead: its tasks go back.
         Consumer.objects.using(self.tube.using).beat(self.identity)
 
@@ -302,8 +298,6 @@ class BoardDriver(Driver):
         self.entity_name = identity
 
     def prepare(self) -> None:
-        from ..models import JobBoard
-
         self.board = JobBoard.objects.create_board(self.handler.target, if_not_exists=True)
 
     def claim(self, limit: int) -> list[Any]:

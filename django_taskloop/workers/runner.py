@@ -28,6 +28,9 @@ from django.db import DatabaseError, connections
 from .. import schedules, wakeup
 from ..conf import setting
 from ..exceptions import DatabaseBusy
+from ..models import Failure, WorkerProcess
+from ..models.operating import record_throughput
+from ..models.tubes import worth_trying
 from ..reaper import format_report, reap
 from . import FailedForGood, Handler, StopNow, get_handlers, inside_user_code
 from .drivers import Driver, TubeDriver, make_driver
@@ -260,8 +263,6 @@ class Worker:
         """Idle, every handler a tube of one database: sleep on their wake-ups together, with
         one read per poll for all of them, until some are worth a take (run a batch of each,
         return how many ran), a stop, or ``IDLE_WAIT`` seconds."""
-        from ..models.tubes import worth_trying
-
         by_pk = {driver.tube.pk: driver for driver in tubes}
         waiter = wakeup.Waiter(tubes[0].using, list(by_pk))
         try:
@@ -285,8 +286,6 @@ class Worker:
 
     def _not_worth_trying(self, tubes: list[TubeDriver]) -> set[Driver]:
         """Return the tube drivers whose tube has nothing worth a take now (a read per database)."""
-        from ..models.tubes import worth_trying
-
         skip: set[Driver] = set()
         for using in {driver.using for driver in tubes}:
             mine = [driver for driver in tubes if driver.using == using]
@@ -601,8 +600,6 @@ class Worker:
 
     def _record_failure(self, driver: Driver, item: Any, attempt: int, error: BaseException) -> None:
         """Keep what failed, with its traceback, for the operator (a Failure row)."""
-        from ..models import Failure
-
         try:
             Failure.objects.record(
                 kind=driver.queue_kind,
@@ -627,8 +624,6 @@ class Worker:
 
     def _flush_throughput(self) -> None:
         """Write the counts gathered since the last flush (one row update per queue)."""
-        from ..models.operating import record_throughput
-
         with self.inflight_lock:
             pending, self.throughput = self.throughput, {}
         for driver, (done, failed, given_back) in pending.items():
@@ -647,8 +642,6 @@ class Worker:
 
     def _beat_as_process(self) -> None:
         """Say that this worker process is alive, what it serves and what it holds now."""
-        from ..models import WorkerProcess
-
         with self.inflight_lock:
             holding = {f"{d.queue_kind}:{d.queue}": len(items) for d, items in self.inflight.items() if items}
         WorkerProcess.objects.beat(
@@ -729,8 +722,6 @@ class Worker:
         finally:
             self._flush_throughput()
             try:
-                from ..models import WorkerProcess
-
                 WorkerProcess.objects.gone(self.identity)
             except Exception:
                 logger.exception("worker %s: could not say goodbye", self.identity)

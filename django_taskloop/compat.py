@@ -1,0 +1,71 @@
+"""The Django Tasks framework, wherever it comes from: ``django.tasks`` (Django 6+) or the
+``django-tasks`` backport (``django_tasks``) on Django 5.2.
+
+Every name here is ``None`` when neither can be imported (:data:`TASKS_AVAILABLE` says which);
+then the Tasks backend is ``None`` and system check ``taskloop.E004`` says why. The type
+checker reads the framework of its Python version: the backport below 3.12 (Django 6 needs
+3.12), ``django.tasks`` from it on.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+__all__ = [
+    "TASKS_AVAILABLE",
+    "BaseTaskBackend",
+    "InvalidTask",
+    "Task",
+    "TaskContext",
+    "TaskError",
+    "TaskResult",
+    "TaskResultDoesNotExist",
+    "TaskResultStatus",
+    "normalize_json",
+    "task_backends",
+    "task_enqueued",
+    "task_finished",
+    "task_started",
+]
+
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 12):
+        from django.tasks import TaskResult, TaskResultStatus, task_backends
+        from django.tasks.backends.base import BaseTaskBackend
+        from django.tasks.base import Task, TaskContext, TaskError
+        from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+        from django.tasks.signals import task_enqueued, task_finished, task_started
+        from django.utils.json import normalize_json
+    else:
+        from django_tasks import TaskResult, TaskResultStatus, task_backends
+        from django_tasks.backends.base import BaseTaskBackend
+        from django_tasks.base import Task, TaskContext, TaskError
+        from django_tasks.exceptions import InvalidTaskError as InvalidTask
+        from django_tasks.exceptions import TaskResultDoesNotExist
+        from django_tasks.signals import task_enqueued, task_finished, task_started
+        from django_tasks.utils import normalize_json
+else:
+    try:  # Django 6.0+
+        from django.tasks import TaskResult, TaskResultStatus, task_backends
+        from django.tasks.backends.base import BaseTaskBackend
+        from django.tasks.base import Task, TaskContext, TaskError
+        from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+        from django.tasks.signals import task_enqueued, task_finished, task_started
+        from django.utils.json import normalize_json
+    except ImportError:  # Django 5.2 with the django-tasks backport
+        try:
+            from django_tasks import TaskResult, TaskResultStatus, task_backends
+            from django_tasks.backends.base import BaseTaskBackend
+            from django_tasks.base import Task, TaskContext, TaskError
+            from django_tasks.exceptions import InvalidTaskError as InvalidTask
+            from django_tasks.exceptions import TaskResultDoesNotExist
+            from django_tasks.signals import task_enqueued, task_finished, task_started
+            from django_tasks.utils import normalize_json
+        except ImportError:  # neither is installed
+            TaskResult = TaskResultStatus = task_backends = BaseTaskBackend = None
+            Task = TaskContext = TaskError = InvalidTask = TaskResultDoesNotExist = None
+            task_enqueued = task_finished = task_started = normalize_json = None
+
+#: Whether a Tasks framework could be imported.
+TASKS_AVAILABLE: bool = BaseTaskBackend is not None
