@@ -12,6 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Model
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
+from django.utils.functional import Promise
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
@@ -24,6 +25,7 @@ _NOW: ContextVar[dt.datetime | None] = ContextVar("taskloop_admin_now", default=
 __all__ = [
     "dashboard_url",
     "TaskloopAdminMixin",
+    "TaskloopModelAdmin",
     "humanize_seconds",
     "seconds_between",
     "state_badge",
@@ -59,8 +61,8 @@ def humanize_seconds(seconds: float | None) -> str:
     return f"{secs}s"
 
 
-class TaskloopAdminMixin:
-    """Mix into a ``ModelAdmin`` of a queue-like model.
+class TaskloopModelAdmin(admin.ModelAdmin):
+    """The ``ModelAdmin`` of a queue-like model.
 
     - Counts never scan a whole table (:class:`EstimatedCountPaginator`, no full count).
     - "now" is the database's clock, read once per request, so that "locked for 3m" agrees
@@ -76,6 +78,7 @@ class TaskloopAdminMixin:
     show_facets = admin.ShowFacets.NEVER
     list_per_page = 50
     change_list_template = "admin/django_taskloop/change_list.html"
+    change_form_template = "admin/django_taskloop/change_form.html"
 
     def db_now(self, request: HttpRequest, using: str | None = None) -> dt.datetime:
         """Return the database's current time, read once per request and database."""
@@ -92,24 +95,24 @@ class TaskloopAdminMixin:
 
     def url_name(self, view: str) -> str:
         """Return the URL name of this model's admin ``view`` (``changelist``, ``stats``…)."""
-        return f"{self.opts.app_label}_{self.opts.model_name}_{view}"  # type: ignore[attr-defined]
+        return f"{self.opts.app_label}_{self.opts.model_name}_{view}"
 
     def admin_url(self, view: str, *args: Any) -> str:
         """Reverse this model's admin ``view`` on this admin site."""
-        site = self.admin_site.name  # type: ignore[attr-defined]
+        site = self.admin_site.name
         return reverse(f"admin:{self.url_name(view)}", args=args, current_app=site)
 
     def get_taskloop_links(self, request: HttpRequest) -> list[tuple[str, str]]:
         """Return ``(label, url)`` pairs shown above the change list (stats, dashboard)."""
-        url = dashboard_url(self.admin_site)  # type: ignore[attr-defined]
+        url = dashboard_url(self.admin_site)
         return [] if url is None else [(str(_("Dashboard")), url)]
 
     def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
         # ``action_location`` exists from Django 6.1 (actions on the change form too).
         if action_location is None:
-            actions = super().get_actions(request)  # type: ignore[misc]
+            actions = super().get_actions(request)
         else:
-            actions = super().get_actions(request, action_location=action_location)  # type: ignore[misc]
+            actions = super().get_actions(request, action_location=action_location)  # type: ignore[call-arg]  # Django 6.1
         actions.pop("delete_selected", None)
         return actions
 
@@ -117,8 +120,6 @@ class TaskloopAdminMixin:
         """Return the "now" of the page being rendered (the database's clock)."""
         value = _NOW.get()
         return value if value is not None else db_now(self._alias())
-
-    change_form_template = "admin/django_taskloop/change_form.html"
 
     def get_paused_note(self, request: HttpRequest) -> str | None:
         """Return a note for the top of the list when what it shows is paused, else ``None``."""
@@ -135,10 +136,10 @@ class TaskloopAdminMixin:
     def get_urls(self) -> list[Any]:
         from django.urls import path
 
-        site = self.admin_site  # type: ignore[attr-defined]
+        site = self.admin_site
         return [
             path("<path:object_id>/retry/", site.admin_view(self.retry_view), name=self.url_name("retry")),
-            *super().get_urls(),  # type: ignore[misc]
+            *super().get_urls(),
         ]
 
     def retry_view(self, request: HttpRequest, object_id: str) -> Any:
@@ -147,13 +148,13 @@ class TaskloopAdminMixin:
 
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        obj = self.get_object(request, object_id)  # type: ignore[attr-defined]
+        obj = self.get_object(request, object_id)
         if obj is None:
             raise Http404(object_id)
         self.require(request, "change", obj)
         retry = self.get_retry(obj)
         if retry is None:
-            self.message_user(request, _("There is nothing to retry here."), messages.ERROR)  # type: ignore[attr-defined]
+            self.message_user(request, _("There is nothing to retry here."), messages.ERROR)
         else:
             label, verb = retry
             self.run_verb(request, verb, lambda _result: f"{label}: done.")
@@ -170,14 +171,14 @@ class TaskloopAdminMixin:
         if self.read_only_page:
             extra_context.update(show_save=False, show_save_and_continue=False)
         if object_id is not None:
-            obj = self.get_object(request, object_id)  # type: ignore[attr-defined]
-            retry = self.get_retry(obj) if obj is not None else None
-            if retry is not None and self.has_change_permission(request, obj):  # type: ignore[attr-defined]
+            obj = self.get_object(request, object_id)
+            retry = None if obj is None else self.get_retry(obj)
+            if obj is not None and retry is not None and self.has_change_permission(request, obj):
                 extra_context["taskloop_retry"] = (retry[0], self.admin_url("retry", obj.pk))
-        return super().changeform_view(request, object_id, form_url, extra_context)  # type: ignore[misc]
+        return super().changeform_view(request, object_id, form_url, extra_context)
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
-        changelist = super().get_changelist_instance(request)  # type: ignore[misc]
+        changelist = super().get_changelist_instance(request)
         paginator = changelist.paginator
         exact = getattr(paginator, "count_is_exact", True)
         if not exact:
@@ -199,7 +200,7 @@ class TaskloopAdminMixin:
             **(extra_context or {}),
         }
         try:
-            response = super().changelist_view(request, extra_context)  # type: ignore[misc]
+            response = super().changelist_view(request, extra_context)
             # Render here, while "now" is set: the columns are computed while rendering.
             if hasattr(response, "render") and not getattr(response, "is_rendered", True):
                 response.render()
@@ -218,9 +219,9 @@ class TaskloopAdminMixin:
         try:
             result = verb()
         except (TaskloopError, ValueError, TypeError, LookupError) as error:
-            self.message_user(request, f"{type(error).__name__}: {error}", messages.ERROR)  # type: ignore[attr-defined]
+            self.message_user(request, f"{type(error).__name__}: {error}", messages.ERROR)
             return None
-        self.message_user(request, success(result), messages.SUCCESS)  # type: ignore[attr-defined]
+        self.message_user(request, success(result), messages.SUCCESS)
         return result
 
     def run_each(
@@ -240,14 +241,19 @@ class TaskloopAdminMixin:
             except (TaskloopError, ValueError, TypeError, LookupError) as error:
                 errors.append(f"{label(item)}: {type(error).__name__}: {error}")
         if ok:
-            self.message_user(request, done % {"n": ok}, messages.SUCCESS)  # type: ignore[attr-defined]
-        for error in errors:
-            self.message_user(request, error, messages.ERROR)  # type: ignore[attr-defined]
+            self.message_user(request, done % {"n": ok}, messages.SUCCESS)
+        for refusal in errors:
+            self.message_user(request, refusal, messages.ERROR)
 
     def require(self, request: HttpRequest, permission: str, obj: Model | None = None) -> None:
         """Raise ``PermissionDenied`` unless the user has ``permission`` (``change``, ``delete``…)."""
         if not getattr(self, f"has_{permission}_permission")(request, obj):
             raise PermissionDenied
+
+
+#: The name of :class:`TaskloopModelAdmin` when it was a mixin; ``class MyAdmin(TaskloopAdminMixin,
+#: admin.ModelAdmin)`` still works.
+TaskloopAdminMixin = TaskloopModelAdmin
 
 
 _NAMES: ContextVar[dict[Any, dict[Any, str]] | None] = ContextVar("taskloop_admin_names", default=None)
@@ -279,6 +285,8 @@ def dashboard_url(site: Any) -> str | None:
 class LabelledCount(int):
     """A count that compares as a number and prints as what it is (``~200,000``, ``≥ 1,001``)."""
 
+    label: str
+
     def __new__(cls, value: int, label: str) -> LabelledCount:
         number = super().__new__(cls, value)
         number.label = label
@@ -295,7 +303,7 @@ def count_text(count: int, exact: bool = True, estimate: bool = False) -> str:
     return f"{count:,}" if exact else f"≥ {count:,}"
 
 
-def state_badge(label: str, css: str) -> str:
+def state_badge(label: str | Promise, css: str) -> str:
     """Return a coloured state label for a change list."""
     return format_html('<span class="tl-state tl-{}">{}</span>', css, label)
 

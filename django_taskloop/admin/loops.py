@@ -19,7 +19,7 @@ from rangefilter.filters import DateTimeRangeFilterBuilder
 
 from ..engine import DbNow, db_now
 from .base import (
-    TaskloopAdminMixin,
+    TaskloopModelAdmin,
     count_text,
     dashboard_url,
     humanize_seconds,
@@ -146,7 +146,7 @@ class LoopChangeList(ChangeList):
         return [F("lock_until").asc(), F("last_updated").asc(nulls_first=True), "pk"]
 
 
-class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+class TaskLoopAdmin(TaskloopModelAdmin):
     """Admin of a ``TaskLoop`` model: states, locks, and doloop's verbs as actions.
 
     Registered for every loop automatically; subclass it to register your own::

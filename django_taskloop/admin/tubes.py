@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
 from django.core.exceptions import PermissionDenied
 from django.db import router
 from django.db.models import QuerySet
@@ -27,12 +28,13 @@ from ..models.tubes import (
     TASK_STATES,
     TTL_TYPES,
     Task,
+    TaskQuerySet,
     Tube,
     TubeStat,
     calls_from,
 )
 from .base import (
-    TaskloopAdminMixin,
+    TaskloopModelAdmin,
     dashboard_url,
     humanize_seconds,
     names_of,
@@ -59,7 +61,7 @@ class TaskStateFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         name = self.value()
-        return queryset.in_state(name) if name in TASK_STATES else queryset
+        return cast(TaskQuerySet, queryset).in_state(name) if name in TASK_STATES else queryset
 
 
 class PriorityRangeFilter(NumericRangeFilterBuilder(title=_("priority"))):  # type: ignore[misc]
@@ -95,7 +97,8 @@ class TaskForm(forms.ModelForm):
         fields = ["pri", "data"]
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         task = self.instance
         state = (
             Task.objects.db_manager(task._state.db).filter(pk=task.pk).values_list("state", flat=True).first()
@@ -112,7 +115,7 @@ class TaskForm(forms.ModelForm):
         return data
 
 
-class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+class TaskAdmin(TaskloopModelAdmin):
     """Tasks of every tube, with Tarantool's verbs as actions."""
 
     form = TaskForm
@@ -138,7 +141,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     )
     # No join with the tube table: MariaDB would plan it first and sort a million rows. Tubes
     # are few; their names come from one small query per page (tube_name).
-    list_select_related: Any = ()
+    list_select_related = ()
     # Shows the search box; get_search_results decides what a term means (id or utube key).
     search_fields = ("utube",)
     search_help_text = _("A task id, or a utube key.")
@@ -166,7 +169,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     )
     action_form = type(
         "TaskActionForm",
-        (admin.helpers.ActionForm,),
+        (ActionForm,),
         {"pri": forms.CharField(required=False, label=_("priority"), max_length=12)},
     )
 
@@ -224,7 +227,8 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         return Truncator(json.dumps(obj.data, ensure_ascii=False)).chars(40)
 
     def get_paused_note(self, request: HttpRequest) -> str | None:
-        tube = Tube.objects.filter(pk=request.GET.get("tube__id__exact") or None).first()
+        pk = request.GET.get("tube__id__exact")
+        tube = Tube.objects.filter(pk=pk).first() if pk else None
         if tube is not None and tube.paused:
             return str(
                 _("Tube %(name)s is paused: no task is handed out until it is resumed.") % {"name": tube.name}
@@ -257,7 +261,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
         changes = {name: form.cleaned_data[name] for name in form.changed_data}
-        if changes and not obj.tube.edit_task(obj, **changes):
+        if changes and not obj.tube.edit_task(obj.pk, **changes):
             self.message_user(request, _("The task was taken meanwhile: nothing was saved."), messages.ERROR)
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Any], verb: Any, done: str) -> None:
@@ -306,7 +310,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         for task in queryset.select_related("tube"):
             if task.tube.type not in TTL_TYPES:
                 refused.append(f"task {task.pk}: a {task.tube.type} tube has no priorities")
-            elif not task.tube.edit_task(task, pri=pri):
+            elif not task.tube.edit_task(task.pk, pri=pri):
                 refused.append(f"task {task.pk}: taken, release it first")
             else:
                 changed += 1
@@ -364,7 +368,7 @@ def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
     return {"statistics": stats, "exact": counted, "first_ttr": first_deadline, "now": engine.db_now(using)}
 
 
-class TubeAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+class TubeAdmin(TaskloopModelAdmin):
     """Tubes, their options and a statistics page each."""
 
     list_display = ("name", "running", "type", "ttl", "ttr", "pri", "links", "created")
