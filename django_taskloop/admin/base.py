@@ -112,7 +112,7 @@ class TaskloopModelAdmin(admin.ModelAdmin):
         if action_location is None:
             actions = super().get_actions(request)
         else:
-            actions = super().get_actions(request, action_location=action_location)  # type: ignore[call-arg]  # Django 6.1
+            actions = super().get_actions(request, action_location=action_location)  # type: ignore[call-arg]  # Django 6.1 (the stubs lack it)
         actions.pop("delete_selected", None)
         return actions
 
