@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model
-from django.http import HttpRequest
-from django.urls import NoReverseMatch, reverse
+from django.http import HttpRequest, HttpResponse
+from django.urls import NoReverseMatch, URLPattern, reverse
 from django.utils.functional import Promise
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
@@ -21,6 +22,9 @@ from ..exceptions import TaskloopError
 from .paginator import EstimatedCountPaginator
 
 _NOW: ContextVar[dt.datetime | None] = ContextVar("taskloop_admin_now", default=None)
+
+#: What an item's page offers as its retry button: ``(label, verb)``, or ``None``.
+Retry = tuple[str, Callable[[], object]] | None
 
 __all__ = [
     "dashboard_url",
@@ -129,11 +133,11 @@ class TaskloopModelAdmin(admin.ModelAdmin):
     #: page shows no Save buttons.
     read_only_page = False
 
-    def get_retry(self, obj: Any) -> tuple[str, Callable[[], Any]] | None:
+    def get_retry(self, obj: Any) -> Retry:
         """Return ``(button label, verb)`` to retry ``obj`` from its page, or ``None``."""
         return None
 
-    def get_urls(self) -> list[Any]:
+    def get_urls(self) -> list[URLPattern]:
         from django.urls import path
 
         site = self.admin_site
@@ -142,7 +146,7 @@ class TaskloopModelAdmin(admin.ModelAdmin):
             *super().get_urls(),
         ]
 
-    def retry_view(self, request: HttpRequest, object_id: str) -> Any:
+    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Retry the item whose page this is (POST, with the change permission)."""
         from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 
@@ -165,8 +169,8 @@ class TaskloopModelAdmin(admin.ModelAdmin):
         request: HttpRequest,
         object_id: str | None = None,
         form_url: str = "",
-        extra_context: Any = None,
-    ) -> Any:
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
         extra_context = dict(extra_context or {})
         if self.read_only_page:
             extra_context.update(show_save=False, show_save_and_continue=False)
@@ -177,7 +181,7 @@ class TaskloopModelAdmin(admin.ModelAdmin):
                 extra_context["taskloop_retry"] = (retry[0], self.admin_url("retry", obj.pk))
         return super().changeform_view(request, object_id, form_url, extra_context)
 
-    def get_changelist_instance(self, request: HttpRequest) -> Any:
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         changelist = super().get_changelist_instance(request)
         paginator = changelist.paginator
         exact = getattr(paginator, "count_is_exact", True)
@@ -189,7 +193,9 @@ class TaskloopModelAdmin(admin.ModelAdmin):
             )
         return changelist
 
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         # Read the clock once, so that every row of the page is measured against one "now".
         # A context variable, not an attribute: one ModelAdmin instance serves every thread.
         token = _NOW.set(self.db_now(request))
@@ -212,7 +218,7 @@ class TaskloopModelAdmin(admin.ModelAdmin):
     def run_verb(
         self,
         request: HttpRequest,
-        verb: Callable[[], Any],
+        verb: Callable[[], object],
         success: Callable[[Any], str],
     ) -> Any:
         """Call ``verb()``; report ``success(result)`` or the facade's refusal as a message."""
@@ -227,8 +233,8 @@ class TaskloopModelAdmin(admin.ModelAdmin):
     def run_each(
         self,
         request: HttpRequest,
-        items: Any,
-        verb: Callable[[Any], Any],
+        items: Iterable[Any],
+        verb: Callable[[Any], object],
         label: Callable[[Any], str],
         done: str,
     ) -> None:
@@ -259,7 +265,7 @@ TaskloopAdminMixin = TaskloopModelAdmin
 _NAMES: ContextVar[dict[Any, dict[Any, str]] | None] = ContextVar("taskloop_admin_names", default=None)
 
 
-def names_of(model: Any, pk: Any) -> str:
+def names_of(model: type[Model], pk: object) -> str:
     """Return ``str()`` of the ``model`` row ``pk`` (a tube, a board), one query per page.
 
     Tubes and boards are few: reading them all once is cheaper than joining them to a
@@ -274,7 +280,7 @@ def names_of(model: Any, pk: Any) -> str:
     return cache[model].get(pk, str(pk))
 
 
-def dashboard_url(site: Any) -> str | None:
+def dashboard_url(site: admin.AdminSite) -> str | None:
     """Return the URL of the dashboard on admin ``site``, or ``None`` if it is not there."""
     try:
         return reverse("admin:django_taskloop_dashboard", current_app=site.name)

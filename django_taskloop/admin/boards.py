@@ -21,6 +21,7 @@ from .. import engine
 from ..exceptions import JobFailure
 from ..models.boards import BoardEntity, ConsumedJob, Job, JobBoard, JobPriority
 from .base import (
+    Retry,
     TaskloopModelAdmin,
     dashboard_url,
     humanize_seconds,
@@ -241,13 +242,13 @@ class JobAdmin(TaskloopModelAdmin):
             )
         return None
 
-    def get_retry(self, obj: Any) -> Any:
+    def get_retry(self, obj: Job) -> Retry:
         if obj.trashed and not obj.reposted_as:
             return (str(_("Retry: re-post this job")), lambda: obj.board.repost(obj))
         return None
 
     @admin.display(description=_("attempts and failures"))
-    def failures(self, obj: Any) -> str:
+    def failures(self, obj: Job) -> str:
         return failure_history(obj, self.admin_site.name)
 
     action_form = type(
@@ -403,7 +404,7 @@ class JobBoardAdmin(TaskloopModelAdmin):
             request, queryset, lambda b: b.resume(), lambda b: f"board {b.name}", "Resumed %(n)d board(s)."
         )
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+    def get_readonly_fields(self, request: HttpRequest, obj: JobBoard | None = None) -> tuple[str, ...]:
         # A board's name is how workers find it: renaming one would strand them.
         return ("name", "created_on") if obj is not None else ("created_on",)
 

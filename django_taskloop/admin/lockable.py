@@ -11,7 +11,7 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
 from ..engine import DbNow
-from ..models.lockable import LockableQuerySet
+from ..models.lockable import Lockable, LockableQuerySet
 from .base import TaskloopModelAdmin, state_badge, until_cell
 
 __all__ = ["LockableAdmin", "LockStateFilter"]
@@ -64,7 +64,7 @@ class LockableAdmin(TaskloopModelAdmin):
         return [*super().get_list_filter(request), *self.lock_filters]
 
     @admin.display(description=_("lock"))
-    def lock_state(self, obj: Any) -> str:
+    def lock_state(self, obj: Lockable) -> str:
         now = self.now()
         if obj.lock_expires_at is None and not obj.locked_by:
             return state_badge(_("free"), "free")
@@ -73,7 +73,7 @@ class LockableAdmin(TaskloopModelAdmin):
         return state_badge(_("expired"), "expired")
 
     @admin.display(description=_("lock ends"), ordering="lock_expires_at")
-    def lock_ends(self, obj: Any) -> str:
+    def lock_ends(self, obj: Lockable) -> str:
         return until_cell(obj.lock_expires_at, self.now())
 
     @admin.action(description=_("Release the locks of the selected rows"), permissions=["change"])

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.contrib import admin
@@ -12,13 +13,14 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import F, Min, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import URLPattern, path
 from django.utils.module_loading import module_has_submodule
 from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
 from ..engine import DbNow, db_now
 from .base import (
+    Retry,
     TaskloopModelAdmin,
     count_text,
     dashboard_url,
@@ -30,6 +32,9 @@ from .base import (
 from .charts import bar_chart
 from .paginator import EstimatedCountPaginator
 
+if TYPE_CHECKING:
+    from ..models import TaskLoop
+
 __all__ = ["LoopStateFilter", "TaskLoopAdmin", "loop_models", "loop_overview", "register_loops"]
 
 # Buckets of "time until the lock ends", for the lock-age chart.
@@ -40,7 +45,7 @@ STATE_COUNT_CAP = 10_000
 DASHBOARD_COUNT_CAP = 5_000
 
 
-def loop_state(obj: Any, now: Any) -> str:
+def loop_state(obj: TaskLoop, now: dt.datetime) -> str:
     """Return the state of a loop row: ``new``, ``idle``, ``locked`` or ``bumped``."""
     if obj.lock_until is None:
         return "new" if obj.last_updated is None else "idle"
@@ -195,7 +200,7 @@ class TaskLoopAdmin(TaskloopModelAdmin):
         # Ids join a loop through add()/did()/bump(), which workers and code call.
         return False
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+    def get_readonly_fields(self, request: HttpRequest, obj: TaskLoop | None = None) -> list[str]:
         return [field.name for field in self.model._meta.fields] + ["loop_state", "lock_ends", "failures"]
 
     def get_paused_note(self, request: HttpRequest) -> str | None:
@@ -203,7 +208,7 @@ class TaskLoopAdmin(TaskloopModelAdmin):
             return str(_("Workers are paused on this loop: resume it from the dashboard."))
         return None
 
-    def get_retry(self, obj: Any) -> Any:
+    def get_retry(self, obj: TaskLoop) -> Retry:
         # A loop id never gives up; "retry" is to run it at once (bump it to now).
         return (
             str(_("Retry now: bump this id")),
@@ -211,26 +216,26 @@ class TaskLoopAdmin(TaskloopModelAdmin):
         )
 
     @admin.display(description=_("attempts and failures"))
-    def failures(self, obj: Any) -> str:
+    def failures(self, obj: TaskLoop) -> str:
         from .operating import failure_history
 
         return failure_history((type(obj), obj.pk), self.admin_site.name)
 
     @admin.display(description=_("id"), ordering="pk")
-    def pk_display(self, obj: Any) -> Any:
+    def pk_display(self, obj: TaskLoop) -> object:
         return obj.pk
 
     @admin.display(description=_("state"))
-    def loop_state(self, obj: Any) -> str:
+    def loop_state(self, obj: TaskLoop) -> str:
         state = loop_state(obj, self.now())
         return state_badge(_(state), state)
 
     @admin.display(description=_("since updated"))
-    def since_updated(self, obj: Any) -> str:
+    def since_updated(self, obj: TaskLoop) -> str:
         return humanize_seconds(seconds_between(self.now(), obj.last_updated))
 
     @admin.display(description=_("lock ends"), ordering="lock_until")
-    def lock_ends(self, obj: Any) -> str:
+    def lock_ends(self, obj: TaskLoop) -> str:
         return until_cell(obj.lock_until, self.now())
 
     # -- actions: each one calls the manager's verb with the selected ids -------------
@@ -297,7 +302,7 @@ class TaskLoopAdmin(TaskloopModelAdmin):
 
     # -- stats page ------------------------------------------------------------------
 
-    def get_urls(self) -> list[Any]:
+    def get_urls(self) -> list[URLPattern]:
         return [
             path("stats/", self.admin_site.admin_view(self.stats_view), name=self.url_name("stats")),
             *super().get_urls(),

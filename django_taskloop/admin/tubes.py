@@ -13,7 +13,7 @@ from django.db import router
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
@@ -34,6 +34,7 @@ from ..models.tubes import (
     calls_from,
 )
 from .base import (
+    Retry,
     TaskloopModelAdmin,
     dashboard_url,
     humanize_seconds,
@@ -235,7 +236,7 @@ class TaskAdmin(TaskloopModelAdmin):
             )
         return None
 
-    def get_retry(self, obj: Task) -> Any:
+    def get_retry(self, obj: Task) -> Retry:
         if obj.state == BURIED:
             return (str(_("Retry: kick this task")), lambda: obj.tube.kick_task(obj.pk))
         return None
@@ -397,7 +398,7 @@ class TubeAdmin(TaskloopModelAdmin):
             "Resumed %(n)d tube(s).",
         )
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+    def get_readonly_fields(self, request: HttpRequest, obj: Tube | None = None) -> tuple[str, ...]:
         # The type decides how the stored tasks are read: it cannot change under them.
         return ("name", "type", "created") if obj is not None else ("created",)
 
@@ -411,7 +412,7 @@ class TubeAdmin(TaskloopModelAdmin):
         )
         obj.pk, obj.created, obj._state = tube.pk, tube.created, tube._state
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Tube | None = None) -> bool:
         # drop() refuses while tasks are taken; a bare DELETE would not.
         return False
 
@@ -441,7 +442,7 @@ class TubeAdmin(TaskloopModelAdmin):
                 kicked += tube.kick(buried)
         self.message_user(request, f"Kicked {kicked} task(s).", messages.SUCCESS)
 
-    def get_urls(self) -> list[Any]:
+    def get_urls(self) -> list[URLPattern]:
         site = self.admin_site
         return [
             path("<path:object_id>/stats/", site.admin_view(self.stats_view), name=self.url_name("stats")),
