@@ -57,6 +57,11 @@ class Supervisor:
         self.stopped_at: float | None = None
         self.context = multiprocessing.get_context("fork")
         self.children: dict[int, Any] = {}
+        # When each slot's child was last restarted; how far the stop has escalated (0: not
+        # at all, 1: told to stop now, 2: killed); the grace period, read once per run.
+        self.restarts: dict[int, float] = {}
+        self.escalated = 0
+        self.grace = 0.0
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.signals.append(signum)
@@ -96,6 +101,8 @@ class Supervisor:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     def run(self) -> int:
+        """Start the children, restart those that die, stop them at a signal; return the exit
+        status (0 unless a child failed by itself)."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         # Create tubes and boards once, here, rather than racing to create them in every child.
@@ -105,46 +112,47 @@ class Supervisor:
         for slot in range(self.processes):
             self._start(slot)
         status = 0
-        restarts: dict[int, float] = {}
-        escalated = 0
-        grace = float(setting("GRACE_PERIOD"))
+        self.grace = float(setting("GRACE_PERIOD"))
         while self.children:
             wait_for_sentinels([p.sentinel for p in self.children.values()], timeout=0.5)
             if self.stopped_at is not None:
-                overdue = time.monotonic() - self.stopped_at - grace
-                if escalated == 0 and overdue > self.OVERDUE:
-                    logger.warning(
-                        "worker processes still running %gs after the grace period: stop now", overdue
-                    )
-                    escalated = 1
-                    self._tell_children(signal.SIGTERM)
-                elif escalated == 1 and overdue > 2 * self.OVERDUE:
-                    logger.error("worker processes still running: killing them")
-                    escalated = 2
-                    self._tell_children(signal.SIGKILL)
+                self._escalate(time.monotonic() - self.stopped_at - self.grace)
             for slot, process in list(self.children.items()):
-                if process.exitcode is None:
-                    continue
-                process.join()
-                code = process.exitcode
-                del self.children[slot]
-                if self.signals or (self.burst and code == 0):
-                    # A child killed by a signal (the stop itself, or kill -9 just before it)
-                    # is no failure of the command; one that exited with an error is.
-                    if code > 0:
-                        status = 1
-                    continue
-                logger.error(
-                    "worker process %s (pid %s) died with status %s; restarting it", slot, process.pid, code
-                )
-                # A child that dies at once again and again would spin: slow the restarts
-                # down (a stop meanwhile cuts the wait short and cancels the restart).
-                last = restarts.get(slot, 0.0)
-                if time.monotonic() - last < 1.0:
-                    deadline = time.monotonic() + 1.0
-                    while not self.signals and time.monotonic() < deadline:
-                        time.sleep(0.05)
-                restarts[slot] = time.monotonic()
-                self._start(slot)
+                if process.exitcode is not None:
+                    status = max(status, self._ended(slot, process))
         logger.info("all worker processes stopped")
         return status
+
+    def _escalate(self, overdue: float) -> None:
+        """Children still running ``overdue`` seconds after the grace period: past
+        :attr:`OVERDUE`, tell them to stop now; past twice that, kill them."""
+        if self.escalated == 0 and overdue > self.OVERDUE:
+            logger.warning("worker processes still running %gs after the grace period: stop now", overdue)
+            self.escalated = 1
+            self._tell_children(signal.SIGTERM)
+        elif self.escalated == 1 and overdue > 2 * self.OVERDUE:
+            logger.error("worker processes still running: killing them")
+            self.escalated = 2
+            self._tell_children(signal.SIGKILL)
+
+    def _ended(self, slot: int, process: Any) -> int:
+        """Deal with the child in ``slot`` that has exited: restart it unless the work is over;
+        return 1 if it failed by itself at the end, else 0."""
+        process.join()
+        code = process.exitcode
+        del self.children[slot]
+        if self.signals or (self.burst and code == 0):
+            # A child killed by a signal (the stop itself, or kill -9 just before it)
+            # is no failure of the command; one that exited with an error is.
+            return 1 if code > 0 else 0
+        logger.error("worker process %s (pid %s) died with status %s; restarting it", slot, process.pid, code)
+        # A child that dies at once again and again would spin: slow the restarts
+        # down (a stop meanwhile cuts the wait short and cancels the restart).
+        last = self.restarts.get(slot, 0.0)
+        if time.monotonic() - last < 1.0:
+            deadline = time.monotonic() + 1.0
+            while not self.signals and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self.restarts[slot] = time.monotonic()
+        self._start(slot)
+        return 0
