@@ -103,3 +103,22 @@ def test_paginator_caps_filtered_counts_and_counts_small_tables_exactly():
     assert unfiltered.count >= 13
     assert not unfiltered.count_is_exact
     assert [a.title for a in unfiltered.page(3).object_list] == [str(i) for i in range(20, 30)]
+
+
+def test_the_admin_base_is_a_model_admin_and_its_old_mixin_name_still_works():
+    """``TaskloopModelAdmin`` is a ``ModelAdmin`` (it was a mixin, ``TaskloopAdminMixin``): an
+    admin written against the mixin, as ``(TaskloopAdminMixin, admin.ModelAdmin)``, still builds
+    and gets its pagination and clock."""
+    from django.contrib import admin
+
+    from django_taskloop.admin import LockableAdmin, TaskloopAdminMixin
+    from django_taskloop.admin.base import TaskloopModelAdmin
+
+    assert issubclass(TaskloopModelAdmin, admin.ModelAdmin)
+    assert issubclass(LockableAdmin, TaskloopModelAdmin)
+
+    class OldStyle(TaskloopAdminMixin, admin.ModelAdmin):
+        pass
+
+    built = OldStyle(Article, admin.AdminSite())
+    assert built.paginator is EstimatedCountPaginator and callable(built.db_now)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model
-from django.http import HttpRequest
-from django.urls import NoReverseMatch, reverse
+from django.http import HttpRequest, HttpResponse
+from django.urls import NoReverseMatch, URLPattern, reverse
+from django.utils.functional import Promise
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
@@ -21,9 +23,13 @@ from .paginator import EstimatedCountPaginator
 
 _NOW: ContextVar[dt.datetime | None] = ContextVar("taskloop_admin_now", default=None)
 
+#: What an item's page offers as its retry button: ``(label, verb)``, or ``None``.
+Retry = tuple[str, Callable[[], object]] | None
+
 __all__ = [
     "dashboard_url",
     "TaskloopAdminMixin",
+    "TaskloopModelAdmin",
     "humanize_seconds",
     "seconds_between",
     "state_badge",
@@ -59,8 +65,8 @@ def humanize_seconds(seconds: float | None) -> str:
     return f"{secs}s"
 
 
-class TaskloopAdminMixin:
-    """Mix into a ``ModelAdmin`` of a queue-like model.
+class TaskloopModelAdmin(admin.ModelAdmin):
+    """The ``ModelAdmin`` of a queue-like model.
 
     - Counts never scan a whole table (:class:`EstimatedCountPaginator`, no full count).
     - "now" is the database's clock, read once per request, so that "locked for 3m" agrees
@@ -76,6 +82,7 @@ class TaskloopAdminMixin:
     show_facets = admin.ShowFacets.NEVER
     list_per_page = 50
     change_list_template = "admin/django_taskloop/change_list.html"
+    change_form_template = "admin/django_taskloop/change_form.html"
 
     def db_now(self, request: HttpRequest, using: str | None = None) -> dt.datetime:
         """Return the database's current time, read once per request and database."""
@@ -92,24 +99,24 @@ class TaskloopAdminMixin:
 
     def url_name(self, view: str) -> str:
         """Return the URL name of this model's admin ``view`` (``changelist``, ``stats``…)."""
-        return f"{self.opts.app_label}_{self.opts.model_name}_{view}"  # type: ignore[attr-defined]
+        return f"{self.opts.app_label}_{self.opts.model_name}_{view}"
 
     def admin_url(self, view: str, *args: Any) -> str:
         """Reverse this model's admin ``view`` on this admin site."""
-        site = self.admin_site.name  # type: ignore[attr-defined]
+        site = self.admin_site.name
         return reverse(f"admin:{self.url_name(view)}", args=args, current_app=site)
 
     def get_taskloop_links(self, request: HttpRequest) -> list[tuple[str, str]]:
         """Return ``(label, url)`` pairs shown above the change list (stats, dashboard)."""
-        url = dashboard_url(self.admin_site)  # type: ignore[attr-defined]
+        url = dashboard_url(self.admin_site)
         return [] if url is None else [(str(_("Dashboard")), url)]
 
     def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
         # ``action_location`` exists from Django 6.1 (actions on the change form too).
         if action_location is None:
-            actions = super().get_actions(request)  # type: ignore[misc]
+            actions = super().get_actions(request)
         else:
-            actions = super().get_actions(request, action_location=action_location)  # type: ignore[misc]
+            actions = super().get_actions(request, action_location=action_location)  # type: ignore[call-arg]  # Django 6.1 (the stubs lack it)
         actions.pop("delete_selected", None)
         return actions
 
@@ -117,8 +124,6 @@ class TaskloopAdminMixin:
         """Return the "now" of the page being rendered (the database's clock)."""
         value = _NOW.get()
         return value if value is not None else db_now(self._alias())
-
-    change_form_template = "admin/django_taskloop/change_form.html"
 
     def get_paused_note(self, request: HttpRequest) -> str | None:
         """Return a note for the top of the list when what it shows is paused, else ``None``."""
@@ -128,32 +133,32 @@ class TaskloopAdminMixin:
     #: page shows no Save buttons.
     read_only_page = False
 
-    def get_retry(self, obj: Any) -> tuple[str, Callable[[], Any]] | None:
+    def get_retry(self, obj: Any) -> Retry:
         """Return ``(button label, verb)`` to retry ``obj`` from its page, or ``None``."""
         return None
 
-    def get_urls(self) -> list[Any]:
+    def get_urls(self) -> list[URLPattern]:
         from django.urls import path
 
-        site = self.admin_site  # type: ignore[attr-defined]
+        site = self.admin_site
         return [
             path("<path:object_id>/retry/", site.admin_view(self.retry_view), name=self.url_name("retry")),
-            *super().get_urls(),  # type: ignore[misc]
+            *super().get_urls(),
         ]
 
-    def retry_view(self, request: HttpRequest, object_id: str) -> Any:
+    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Retry the item whose page this is (POST, with the change permission)."""
         from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        obj = self.get_object(request, object_id)  # type: ignore[attr-defined]
+        obj = self.get_object(request, object_id)
         if obj is None:
             raise Http404(object_id)
         self.require(request, "change", obj)
         retry = self.get_retry(obj)
         if retry is None:
-            self.message_user(request, _("There is nothing to retry here."), messages.ERROR)  # type: ignore[attr-defined]
+            self.message_user(request, _("There is nothing to retry here."), messages.ERROR)
         else:
             label, verb = retry
             self.run_verb(request, verb, lambda _result: f"{label}: done.")
@@ -164,20 +169,20 @@ class TaskloopAdminMixin:
         request: HttpRequest,
         object_id: str | None = None,
         form_url: str = "",
-        extra_context: Any = None,
-    ) -> Any:
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
         extra_context = dict(extra_context or {})
         if self.read_only_page:
             extra_context.update(show_save=False, show_save_and_continue=False)
         if object_id is not None:
-            obj = self.get_object(request, object_id)  # type: ignore[attr-defined]
-            retry = self.get_retry(obj) if obj is not None else None
-            if retry is not None and self.has_change_permission(request, obj):  # type: ignore[attr-defined]
+            obj = self.get_object(request, object_id)
+            retry = None if obj is None else self.get_retry(obj)
+            if obj is not None and retry is not None and self.has_change_permission(request, obj):
                 extra_context["taskloop_retry"] = (retry[0], self.admin_url("retry", obj.pk))
-        return super().changeform_view(request, object_id, form_url, extra_context)  # type: ignore[misc]
+        return super().changeform_view(request, object_id, form_url, extra_context)
 
-    def get_changelist_instance(self, request: HttpRequest) -> Any:
-        changelist = super().get_changelist_instance(request)  # type: ignore[misc]
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        changelist = super().get_changelist_instance(request)
         paginator = changelist.paginator
         exact = getattr(paginator, "count_is_exact", True)
         if not exact:
@@ -188,7 +193,9 @@ class TaskloopAdminMixin:
             )
         return changelist
 
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         # Read the clock once, so that every row of the page is measured against one "now".
         # A context variable, not an attribute: one ModelAdmin instance serves every thread.
         token = _NOW.set(self.db_now(request))
@@ -199,7 +206,7 @@ class TaskloopAdminMixin:
             **(extra_context or {}),
         }
         try:
-            response = super().changelist_view(request, extra_context)  # type: ignore[misc]
+            response = super().changelist_view(request, extra_context)
             # Render here, while "now" is set: the columns are computed while rendering.
             if hasattr(response, "render") and not getattr(response, "is_rendered", True):
                 response.render()
@@ -211,23 +218,23 @@ class TaskloopAdminMixin:
     def run_verb(
         self,
         request: HttpRequest,
-        verb: Callable[[], Any],
+        verb: Callable[[], object],
         success: Callable[[Any], str],
     ) -> Any:
         """Call ``verb()``; report ``success(result)`` or the facade's refusal as a message."""
         try:
             result = verb()
         except (TaskloopError, ValueError, TypeError, LookupError) as error:
-            self.message_user(request, f"{type(error).__name__}: {error}", messages.ERROR)  # type: ignore[attr-defined]
+            self.message_user(request, f"{type(error).__name__}: {error}", messages.ERROR)
             return None
-        self.message_user(request, success(result), messages.SUCCESS)  # type: ignore[attr-defined]
+        self.message_user(request, success(result), messages.SUCCESS)
         return result
 
     def run_each(
         self,
         request: HttpRequest,
-        items: Any,
-        verb: Callable[[Any], Any],
+        items: Iterable[Any],
+        verb: Callable[[Any], object],
         label: Callable[[Any], str],
         done: str,
     ) -> None:
@@ -240,9 +247,9 @@ class TaskloopAdminMixin:
             except (TaskloopError, ValueError, TypeError, LookupError) as error:
                 errors.append(f"{label(item)}: {type(error).__name__}: {error}")
         if ok:
-            self.message_user(request, done % {"n": ok}, messages.SUCCESS)  # type: ignore[attr-defined]
-        for error in errors:
-            self.message_user(request, error, messages.ERROR)  # type: ignore[attr-defined]
+            self.message_user(request, done % {"n": ok}, messages.SUCCESS)
+        for refusal in errors:
+            self.message_user(request, refusal, messages.ERROR)
 
     def require(self, request: HttpRequest, permission: str, obj: Model | None = None) -> None:
         """Raise ``PermissionDenied`` unless the user has ``permission`` (``change``, ``delete``…)."""
@@ -250,10 +257,15 @@ class TaskloopAdminMixin:
             raise PermissionDenied
 
 
+#: The name of :class:`TaskloopModelAdmin` when it was a mixin; ``class MyAdmin(TaskloopAdminMixin,
+#: admin.ModelAdmin)`` still works.
+TaskloopAdminMixin = TaskloopModelAdmin
+
+
 _NAMES: ContextVar[dict[Any, dict[Any, str]] | None] = ContextVar("taskloop_admin_names", default=None)
 
 
-def names_of(model: Any, pk: Any) -> str:
+def names_of(model: type[Model], pk: object) -> str:
     """Return ``str()`` of the ``model`` row ``pk`` (a tube, a board), one query per page.
 
     Tubes and boards are few: reading them all once is cheaper than joining them to a
@@ -268,7 +280,7 @@ def names_of(model: Any, pk: Any) -> str:
     return cache[model].get(pk, str(pk))
 
 
-def dashboard_url(site: Any) -> str | None:
+def dashboard_url(site: admin.AdminSite) -> str | None:
     """Return the URL of the dashboard on admin ``site``, or ``None`` if it is not there."""
     try:
         return reverse("admin:django_taskloop_dashboard", current_app=site.name)
@@ -278,6 +290,8 @@ def dashboard_url(site: Any) -> str | None:
 
 class LabelledCount(int):
     """A count that compares as a number and prints as what it is (``~200,000``, ``≥ 1,001``)."""
+
+    label: str
 
     def __new__(cls, value: int, label: str) -> LabelledCount:
         number = super().__new__(cls, value)
@@ -295,7 +309,7 @@ def count_text(count: int, exact: bool = True, estimate: bool = False) -> str:
     return f"{count:,}" if exact else f"≥ {count:,}"
 
 
-def state_badge(label: str, css: str) -> str:
+def state_badge(label: str | Promise, css: str) -> str:
     """Return a coloured state label for a change list."""
     return format_html('<span class="tl-state tl-{}">{}</span>', css, label)
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
 from django.core.exceptions import PermissionDenied
 from django.db import router
 from django.db.models import QuerySet
@@ -21,7 +22,8 @@ from ..exceptions import JobFailure
 from ..models.boards import BoardEntity, ConsumedJob, Job, JobBoard, JobPriority, JobQuerySet
 from ..stats import JOB_STATES, board_priorities, board_summary
 from .base import (
-    TaskloopAdminMixin,
+    Retry,
+    TaskloopModelAdmin,
     dashboard_url,
     humanize_seconds,
     names_of,
@@ -106,7 +108,8 @@ class JobForm(forms.ModelForm):
         return JobPriority[self.cleaned_data["priority"]]
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         job = self.instance
         # Read the state live: the page may be minutes old.
         row = Job.objects.db_manager(job._state.db).filter(pk=job.pk).values("trashed", "details").first()
@@ -133,11 +136,13 @@ class JobForm(forms.ModelForm):
 
     def save(self, commit: bool = True) -> Job:
         # JobAdmin.save_model writes through JobBoard.edit_job(); nothing is saved here.
-        self.save_m2m = lambda: None
         return self.instance
 
+    def save_m2m(self) -> None:
+        """Nothing: a job has no many-to-many fields, and is saved through the board."""
 
-class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+
+class JobAdmin(TaskloopModelAdmin):
     """Jobs of every board. The trash is the "trashed" state; re-post brings a job back."""
 
     form = JobForm
@@ -164,7 +169,7 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         ("trashed_at", DateTimeRangeFilterBuilder(title=_("trashed at"))),
     )
     # No join with the board table (see TaskAdmin): board names come from one small query.
-    list_select_related: Any = ()
+    list_select_related = ()
     search_fields = ("=uuid", "name")
     search_help_text = _("A job's uuid, or part of its name.")
     # Posting order (the primary key), newest first; priority sorts through the claim index.
@@ -205,18 +210,18 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             )
         return None
 
-    def get_retry(self, obj: Any) -> Any:
+    def get_retry(self, obj: Job) -> Retry:
         if obj.trashed and not obj.reposted_as:
             return (str(_("Retry: re-post this job")), lambda: obj.board.repost(obj))
         return None
 
     @admin.display(description=_("attempts and failures"))
-    def failures(self, obj: Any) -> str:
+    def failures(self, obj: Job) -> str:
         return failure_history(obj, self.admin_site.name)
 
     action_form = type(
         "JobActionForm",
-        (admin.helpers.ActionForm,),
+        (ActionForm,),
         {
             "priority": forms.ChoiceField(
                 choices=[("", "---")] + [(m.name, m.name) for m in JobPriority],
@@ -342,7 +347,7 @@ class JobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             self.message_user(request, f"{skipped} trashed job(s) left as they are.", messages.WARNING)
 
 
-class JobBoardAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+class JobBoardAdmin(TaskloopModelAdmin):
     """Boards, with their job counts and a statistics page each. Hosts the dashboard."""
 
     list_display = ("name", "running", "live_jobs", "links", "created_on")
@@ -367,7 +372,7 @@ class JobBoardAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             request, queryset, lambda b: b.resume(), lambda b: f"board {b.name}", "Resumed %(n)d board(s)."
         )
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+    def get_readonly_fields(self, request: HttpRequest, obj: JobBoard | None = None) -> tuple[str, ...]:
         # A board's name is how workers find it: renaming one would strand them.
         return ("name", "created_on") if obj is not None else ("created_on",)
 
@@ -447,7 +452,7 @@ class JobBoardAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         return TemplateResponse(request, "admin/django_taskloop/stats.html", context)
 
 
-class ConsumedJobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+class ConsumedJobAdmin(TaskloopModelAdmin):
     """History of consumed jobs (kept for ``JOB_HISTORY_RETENTION`` seconds); read-only."""
 
     list_display = ("name", "board", "priority", "consumed_by", "consumed_at", "created_on", "uuid")
@@ -463,7 +468,7 @@ class ConsumedJobAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         return False
 
 
-class BoardEntityAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+class BoardEntityAdmin(TaskloopModelAdmin):
     """Entities registered on boards, with how long ago each was last seen."""
 
     list_display = ("name", "kind", "board", "seen", "registered_on")

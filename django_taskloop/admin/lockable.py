@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin
 from django.db.models import Q, QuerySet
@@ -11,7 +11,8 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
 from ..engine import DbNow
-from .base import TaskloopAdminMixin, state_badge, until_cell
+from ..models.lockable import Lockable, LockableQuerySet
+from .base import TaskloopModelAdmin, state_badge, until_cell
 
 __all__ = ["LockableAdmin", "LockStateFilter"]
 
@@ -36,7 +37,7 @@ class LockStateFilter(admin.SimpleListFilter):
         return queryset
 
 
-class LockableAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+class LockableAdmin(TaskloopModelAdmin):
     """Admin of a ``Lockable`` model: lock columns, lock filters and a "release" action.
 
     Subclass it as you would ``ModelAdmin``; the lock columns and filters are appended to
@@ -63,7 +64,7 @@ class LockableAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         return [*super().get_list_filter(request), *self.lock_filters]
 
     @admin.display(description=_("lock"))
-    def lock_state(self, obj: Any) -> str:
+    def lock_state(self, obj: Lockable) -> str:
         now = self.now()
         if obj.lock_expires_at is None and not obj.locked_by:
             return state_badge(_("free"), "free")
@@ -72,13 +73,13 @@ class LockableAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         return state_badge(_("expired"), "expired")
 
     @admin.display(description=_("lock ends"), ordering="lock_expires_at")
-    def lock_ends(self, obj: Any) -> str:
+    def lock_ends(self, obj: Lockable) -> str:
         return until_cell(obj.lock_expires_at, self.now())
 
     @admin.action(description=_("Release the locks of the selected rows"), permissions=["change"])
     def release_locks(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         self.run_verb(
             request,
-            lambda: queryset.release(),
+            lambda: cast(LockableQuerySet, queryset).release(),
             lambda count: f"Released {count} lock(s).",
         )

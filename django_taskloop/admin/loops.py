@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.contrib import admin
@@ -12,7 +13,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import F, Min, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import URLPattern, path
 from django.utils.module_loading import module_has_submodule
 from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder
@@ -20,7 +21,8 @@ from rangefilter.filters import DateTimeRangeFilterBuilder
 from ..models.loops import TaskLoopQuerySet
 from ..stats import LOOP_STATES, lock_ages, loop_models, loop_summary
 from .base import (
-    TaskloopAdminMixin,
+    Retry,
+    TaskloopModelAdmin,
     count_text,
     dashboard_url,
     humanize_seconds,
@@ -32,6 +34,9 @@ from .charts import bar_chart
 from .operating import failure_history
 from .paginator import EstimatedCountPaginator
 
+if TYPE_CHECKING:
+    from ..models import TaskLoop
+
 __all__ = ["LoopStateFilter", "TaskLoopAdmin", "loop_models", "loop_overview", "register_loops"]
 
 # Counting beyond this many rows of one state is not worth a slow page: show "10,000 (≥)".
@@ -40,7 +45,7 @@ STATE_COUNT_CAP = 10_000
 DASHBOARD_COUNT_CAP = 5_000
 
 
-def loop_state(obj: Any, now: Any) -> str:
+def loop_state(obj: TaskLoop, now: dt.datetime) -> str:
     """Return the state of a loop row: ``new``, ``idle``, ``locked`` or ``bumped``."""
     if obj.lock_until is None:
         return "new" if obj.last_updated is None else "idle"
@@ -100,7 +105,7 @@ class LoopChangeList(ChangeList):
         return [F("lock_until").asc(), F("last_updated").asc(nulls_first=True), "pk"]
 
 
-class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+class TaskLoopAdmin(TaskloopModelAdmin):
     """Admin of a ``TaskLoop`` model: states, locks, and doloop's verbs as actions.
 
     Registered for every loop automatically; subclass it to register your own::
@@ -149,7 +154,7 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         # Ids join a loop through add()/did()/bump(), which workers and code call.
         return False
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+    def get_readonly_fields(self, request: HttpRequest, obj: TaskLoop | None = None) -> list[str]:
         return [field.name for field in self.model._meta.fields] + ["loop_state", "lock_ends", "failures"]
 
     def get_paused_note(self, request: HttpRequest) -> str | None:
@@ -157,7 +162,7 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             return str(_("Workers are paused on this loop: resume it from the dashboard."))
         return None
 
-    def get_retry(self, obj: Any) -> Any:
+    def get_retry(self, obj: TaskLoop) -> Retry:
         # A loop id never gives up; "retry" is to run it at once (bump it to now).
         return (
             str(_("Retry now: bump this id")),
@@ -165,24 +170,24 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         )
 
     @admin.display(description=_("attempts and failures"))
-    def failures(self, obj: Any) -> str:
+    def failures(self, obj: TaskLoop) -> str:
         return failure_history((type(obj), obj.pk), self.admin_site.name)
 
     @admin.display(description=_("id"), ordering="pk")
-    def pk_display(self, obj: Any) -> Any:
+    def pk_display(self, obj: TaskLoop) -> object:
         return obj.pk
 
     @admin.display(description=_("state"))
-    def loop_state(self, obj: Any) -> str:
+    def loop_state(self, obj: TaskLoop) -> str:
         state = loop_state(obj, self.now())
         return state_badge(_(state), state)
 
     @admin.display(description=_("since updated"))
-    def since_updated(self, obj: Any) -> str:
+    def since_updated(self, obj: TaskLoop) -> str:
         return humanize_seconds(seconds_between(self.now(), obj.last_updated))
 
     @admin.display(description=_("lock ends"), ordering="lock_until")
-    def lock_ends(self, obj: Any) -> str:
+    def lock_ends(self, obj: TaskLoop) -> str:
         return until_cell(obj.lock_until, self.now())
 
     # -- actions: each one calls the manager's verb with the selected ids -------------
@@ -249,7 +254,7 @@ class TaskLoopAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     # -- stats page ------------------------------------------------------------------
 
-    def get_urls(self) -> list[Any]:
+    def get_urls(self) -> list[URLPattern]:
         return [
             path("stats/", self.admin_site.admin_view(self.stats_view), name=self.url_name("stats")),
             *super().get_urls(),

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
 from django.core.exceptions import PermissionDenied
 from django.db import router
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
@@ -27,13 +28,15 @@ from ..models.tubes import (
     TASK_STATES,
     TTL_TYPES,
     Task,
+    TaskQuerySet,
     Tube,
     TubeStat,
     calls_from,
 )
 from ..stats import tube_summary
 from .base import (
-    TaskloopAdminMixin,
+    Retry,
+    TaskloopModelAdmin,
     dashboard_url,
     humanize_seconds,
     names_of,
@@ -60,7 +63,7 @@ class TaskStateFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         name = self.value()
-        return queryset.in_state(name) if name in TASK_STATES else queryset
+        return cast(TaskQuerySet, queryset).in_state(name) if name in TASK_STATES else queryset
 
 
 class PriorityRangeFilter(NumericRangeFilterBuilder(title=_("priority"))):  # type: ignore[misc]
@@ -96,7 +99,8 @@ class TaskForm(forms.ModelForm):
         fields = ["pri", "data"]
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         task = self.instance
         state = (
             Task.objects.db_manager(task._state.db).filter(pk=task.pk).values_list("state", flat=True).first()
@@ -113,7 +117,7 @@ class TaskForm(forms.ModelForm):
         return data
 
 
-class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+class TaskAdmin(TaskloopModelAdmin):
     """Tasks of every tube, with Tarantool's verbs as actions."""
 
     form = TaskForm
@@ -139,7 +143,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     )
     # No join with the tube table: MariaDB would plan it first and sort a million rows. Tubes
     # are few; their names come from one small query per page (tube_name).
-    list_select_related: Any = ()
+    list_select_related = ()
     # Shows the search box; get_search_results decides what a term means (id or utube key).
     search_fields = ("utube",)
     search_help_text = _("A task id, or a utube key.")
@@ -167,7 +171,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     )
     action_form = type(
         "TaskActionForm",
-        (admin.helpers.ActionForm,),
+        (ActionForm,),
         {"pri": forms.CharField(required=False, label=_("priority"), max_length=12)},
     )
 
@@ -225,14 +229,15 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         return Truncator(json.dumps(obj.data, ensure_ascii=False)).chars(40)
 
     def get_paused_note(self, request: HttpRequest) -> str | None:
-        tube = Tube.objects.filter(pk=request.GET.get("tube__id__exact") or None).first()
+        pk = request.GET.get("tube__id__exact")
+        tube = Tube.objects.filter(pk=pk).first() if pk else None
         if tube is not None and tube.paused:
             return str(
                 _("Tube %(name)s is paused: no task is handed out until it is resumed.") % {"name": tube.name}
             )
         return None
 
-    def get_retry(self, obj: Task) -> Any:
+    def get_retry(self, obj: Task) -> Retry:
         if obj.state == BURIED:
             return (str(_("Retry: kick this task")), lambda: obj.tube.kick_task(obj.pk))
         return None
@@ -258,7 +263,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Task, form: Any, change: bool) -> None:
         changes = {name: form.cleaned_data[name] for name in form.changed_data}
-        if changes and not obj.tube.edit_task(obj, **changes):
+        if changes and not obj.tube.edit_task(obj.pk, **changes):
             self.message_user(request, _("The task was taken meanwhile: nothing was saved."), messages.ERROR)
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Any], verb: Any, done: str) -> None:
@@ -307,7 +312,7 @@ class TaskAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         for task in queryset.select_related("tube"):
             if task.tube.type not in TTL_TYPES:
                 refused.append(f"task {task.pk}: a {task.tube.type} tube has no priorities")
-            elif not task.tube.edit_task(task, pri=pri):
+            elif not task.tube.edit_task(task.pk, pri=pri):
                 refused.append(f"task {task.pk}: taken, release it first")
             else:
                 changed += 1
@@ -349,7 +354,7 @@ def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
     return {"statistics": stats, "exact": counted, "first_ttr": first_deadline, "now": engine.db_now(using)}
 
 
-class TubeAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+class TubeAdmin(TaskloopModelAdmin):
     """Tubes, their options and a statistics page each."""
 
     list_display = ("name", "running", "type", "ttl", "ttr", "pri", "links", "created")
@@ -378,7 +383,7 @@ class TubeAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             "Resumed %(n)d tube(s).",
         )
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+    def get_readonly_fields(self, request: HttpRequest, obj: Tube | None = None) -> tuple[str, ...]:
         # The type decides how the stored tasks are read: it cannot change under them.
         return ("name", "type", "created") if obj is not None else ("created",)
 
@@ -392,7 +397,7 @@ class TubeAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         )
         obj.pk, obj.created, obj._state = tube.pk, tube.created, tube._state
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Tube | None = None) -> bool:
         # drop() refuses while tasks are taken; a bare DELETE would not.
         return False
 
@@ -422,7 +427,7 @@ class TubeAdmin(TaskloopAdminMixin, admin.ModelAdmin):
                 kicked += tube.kick(buried)
         self.message_user(request, f"Kicked {kicked} task(s).", messages.SUCCESS)
 
-    def get_urls(self) -> list[Any]:
+    def get_urls(self) -> list[URLPattern]:
         site = self.admin_site
         return [
             path("<path:object_id>/stats/", site.admin_view(self.stats_view), name=self.url_name("stats")),

@@ -10,8 +10,8 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..conf import setting
 from ..models import Consumer, JobBoard, Tube
@@ -22,6 +22,14 @@ logger = logging.getLogger("django_taskloop.workers")
 
 __all__ = ["Driver", "LoopDriver", "TubeDriver", "BoardDriver", "make_driver", "backoff"]
 
+if TYPE_CHECKING:
+    from ..models.boards import Job, JobBoard
+    from ..models.loops import TaskLoop, TaskLoopManager
+    from ..models.tubes import Task, Tube
+
+#: What one driver hands the worker: a tube's Task, a board's Job, a loop's id.
+Item = TypeVar("Item")
+
 
 def backoff(attempt: int) -> float:
     """Return the retry delay after the ``attempt``-th failure (1-based): exponential, capped."""
@@ -29,14 +37,14 @@ def backoff(attempt: int) -> float:
     return min(base * 2 ** max(0, attempt - 1), float(setting("RETRY_BACKOFF_MAX")))
 
 
-class Driver:
+class Driver(Generic[Item]):
     """The verbs the worker loop needs from one handler's facade."""
 
     def __init__(self, handler: Handler, identity: str) -> None:
         self.handler = handler
         self.identity = identity
         # Failures seen by this process, for facades that keep no attempt count.
-        self._failures: dict[Any, int] = {}
+        self._failures: dict[Hashable, int] = {}
         self._lock = threading.Lock()
 
     @property
@@ -47,17 +55,18 @@ class Driver:
     def prepare(self) -> None:
         """Create what the handler serves if it does not exist yet."""
 
-    def claim(self, limit: int) -> list[Any]:
+    def claim(self, limit: int) -> list[Item]:
         raise NotImplementedError
 
-    def key(self, item: Any) -> Any:
+    def key(self, item: Item) -> Hashable:
+        """Return what identifies ``item`` (a task's id, a job's uuid, a loop's id)."""
         return item
 
     def describe_queue(self) -> str:
         """Name what this driver serves, for log lines: ``tube "emails"``."""
         return f'{self.handler.kind} "{self.handler.name}"'
 
-    def describe(self, item: Any) -> str:
+    def describe(self, item: Item) -> str:
         """Name one item, for log lines: ``task 10 of tube "emails"``."""
         return f"{self.noun} {self.key(item)} of {self.describe_queue()}"
 
@@ -71,7 +80,7 @@ class Driver:
         """The queue's name, as Failure and Throughput spell it (a loop: its model label)."""
         return str(self.handler.target)
 
-    def attempt(self, item: Any) -> int:
+    def attempt(self, item: Item) -> int:
         """Which attempt at ``item`` this is (1-based), for its Failure row."""
         return max(1, int(getattr(item, "attempts", 0) or 0))
 
@@ -84,48 +93,48 @@ class Driver:
         """The database alias the queue lives on."""
         return "default"
 
-    def call(self, item: Any) -> Any:
+    def call(self, item: Item) -> Any:
         # Built-in handlers (the Django Tasks backend) mark the user code inside them
         # themselves, so that their own bookkeeping is never interrupted half-way.
         if self.handler.builtin:
             return self.handler.func(item)
         return run_interruptibly(self.handler.func, item)
 
-    def done(self, items: Sequence[Any]) -> None:
+    def done(self, items: Sequence[Item]) -> None:
         raise NotImplementedError
 
-    def done_and_claim(self, items: Sequence[Any], limit: int) -> list[Any]:
+    def done_and_claim(self, items: Sequence[Item], limit: int) -> list[Item]:
         """Settle ``items`` as done and claim the next batch (``limit`` 0: none); facades that
         can do both in one transaction do."""
         self.done(items)
         return self.claim(limit) if limit else []
 
-    def failed(self, item: Any, error: BaseException) -> str:
+    def failed(self, item: Item, error: BaseException) -> str:
         """Deal with a handler failure on ``item``; return what was done, for the log line
         ``<item> failed <what was done>: <error>``, e.g. ``(attempt 1 of 5), retrying in 1 s``."""
         raise NotImplementedError
 
-    def give_back(self, items: Sequence[Any]) -> None:
+    def give_back(self, items: Sequence[Item]) -> None:
         raise NotImplementedError
 
-    def renew(self, items: Sequence[Any]) -> None:
+    def renew(self, items: Sequence[Item]) -> None:
         """Extend the leases of ``items`` while the handler works on them."""
 
     def beat(self) -> None:
         """Record that this worker is alive."""
 
-    def _count_failure(self, key: Any) -> int:
+    def _count_failure(self, key: Hashable) -> int:
         with self._lock:
             self._failures[key] = self._failures.get(key, 0) + 1
             return self._failures[key]
 
-    def _forget(self, keys: Sequence[Any]) -> None:
+    def _forget(self, keys: Sequence[Hashable]) -> None:
         with self._lock:
             for key in keys:
                 self._failures.pop(key, None)
 
 
-class LoopDriver(Driver):
+class LoopDriver(Driver[Any]):
     """doloop: ``claim(batch)``, ``did`` on success, back off on failure, ``unlock`` to give back."""
 
     noun = "id"
@@ -145,23 +154,23 @@ class LoopDriver(Driver):
 
     @property
     def using(self) -> str:
-        return str(self.model.objects.db)
+        return str(self.loop.db)
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
-        self.model = handler.target
+        self.model: type[TaskLoop] = handler.target
+        #: The loop's facade: the model's manager, whose verbs take ids.
+        self.loop: TaskLoopManager = self.model.objects
 
     def claim(self, limit: int) -> list[Any]:
         # A loop's claim() is the user's too, so the pause is the worker's to honour.
         if self.paused():
             return []
-        return self.model.objects.claim(
-            limit, lock_for=self.handler.lease, min_loop_time=self.handler.min_loop_time
-        )
+        return self.loop.claim(limit, lock_for=self.handler.lease, min_loop_time=self.handler.min_loop_time)
 
     def done(self, items: Sequence[Any]) -> None:
         # auto_add=False: an id removed from the loop while we worked stays removed.
-        self.model.objects.did(list(items), auto_add=False)
+        self.loop.did(list(items), auto_add=False)
         self._forget(items)
 
     def failed(self, item: Any, error: BaseException) -> str:
@@ -170,36 +179,47 @@ class LoopDriver(Driver):
         # bump() only ever lowers lock_until, which the claim set to now + lock_for.
         attempt = self._count_failure(item)
         delay = min(backoff(attempt), self.handler.lease)
-        self.model.objects.bump(item, lock_for=delay, auto_add=False)
+        self.loop.bump(item, lock_for=delay, auto_add=False)
         return f"(attempt {attempt}), retrying in {delay:g} s"
 
     def give_back(self, items: Sequence[Any]) -> None:
         if items:
-            self.model.objects.unlock(list(items), auto_add=False)
+            self.loop.unlock(list(items), auto_add=False)
 
     def renew(self, items: Sequence[Any]) -> None:
         # Only the ids this worker still holds are locked again (see TaskLoopQuerySet.renew).
         if items:
-            self.model.objects.renew(list(items), lock_for=self.handler.lease)
+            self.loop.renew(list(items), lock_for=self.handler.lease)
 
 
-class TubeDriver(Driver):
+class TubeDriver(Driver["Task"]):
     """Tarantool queue: ``take_many``/``ack_many``, release with delay then bury, ``touch``."""
 
     noun = "task"
 
     @property
     def using(self) -> str:
-        return self.tube.using if self.tube is not None else "default"
+        return self._tube.using if self._tube is not None else "default"
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
-        self.tube: Any = None
+        self._tube: Tube | None = None
+
+    @property
+    def tube(self) -> Tube:
+        """The tube served (:meth:`prepare` creates it if need be)."""
+        if self._tube is None:
+            raise RuntimeError(f"{self.describe_queue()}: prepare() the driver first")
+        return self._tube
+
+    @tube.setter
+    def tube(self, tube: Tube) -> None:
+        self._tube = tube
 
     @property
     def beat_every(self) -> float:
         every = float(setting("HEARTBEAT_INTERVAL"))
-        ttr = getattr(self.tube, "ttr", None) or getattr(self.tube, "ttl", None)
+        ttr = self._tube and (self._tube.ttr or self._tube.ttl)
         if ttr:
             every = min(every, float(ttr) / 3)
         # Consumers are declared dead after CONSUMER_TIMEOUT without a heartbeat.
@@ -211,29 +231,29 @@ class TubeDriver(Driver):
     def _ttl_type(self) -> bool:
         return str(self.tube.type).endswith("ttl")
 
-    def claim(self, limit: int, checked: bool = False) -> list[Any]:
+    def claim(self, limit: int, checked: bool = False) -> list[Task]:
         """Take up to ``limit`` tasks; ``checked``: a worth_trying() read just found the tube
         not paused and nothing due (the take skips those looks)."""
         return self.tube.take_many(limit, consumer=self.identity, checked=checked)
 
-    def wait_one(self, timeout: float, stop: Callable[[], bool] | None = None) -> list[Any]:
+    def wait_one(self, timeout: float, stop: Callable[[], bool] | None = None) -> list[Task]:
         """Wait up to ``timeout`` seconds for one task (less if ``stop()`` says so); ``take``
         wakes as soon as one is put."""
         task = self.tube.wait_take(timeout, self.identity, stop=stop)
         return [task] if task is not None else []
 
-    def key(self, item: Any) -> Any:
+    def key(self, item: Task) -> int:
         return item.id
 
-    def done(self, items: Sequence[Any]) -> None:
+    def done(self, items: Sequence[Task]) -> None:
         self._acked(items, self.tube.ack_many([task.id for task in items], consumer=self.identity))
 
-    def done_and_claim(self, items: Sequence[Any], limit: int) -> list[Any]:
+    def done_and_claim(self, items: Sequence[Task], limit: int) -> list[Task]:
         acked, taken = self.tube.ack_and_take([task.id for task in items], limit, consumer=self.identity)
         self._acked(items, acked)
         return taken
 
-    def _acked(self, items: Sequence[Any], acked: int) -> None:
+    def _acked(self, items: Sequence[Task], acked: int) -> None:
         ids = [task.id for task in items]
         if acked < len(ids):
             # The lease ran out under the handler (ttr passed without a beat, or this
@@ -246,7 +266,7 @@ class TubeDriver(Driver):
             )
         self._forget(ids)
 
-    def failed(self, item: Any, error: BaseException) -> str:
+    def failed(self, item: Task, error: BaseException) -> str:
         # The claim counted this take: after MAX_ATTEMPTS takes, wherever they ran, it is buried.
         attempts, most = item.attempts, int(setting("MAX_ATTEMPTS"))
         if attempts >= most:
@@ -258,13 +278,13 @@ class TubeDriver(Driver):
         self.tube.release(item.id, delay=delay, consumer=self.identity)
         return f"(attempt {attempts} of {most}), retrying in {delay:g} s"
 
-    def give_back(self, items: Sequence[Any]) -> None:
+    def give_back(self, items: Sequence[Task]) -> None:
         # Tasks whose ttr ran out meanwhile, or that someone deleted, are not ours to give:
         # release_many skips them.
         if items:
             self.tube.release_many([task.id for task in items], consumer=self.identity)
 
-    def renew(self, items: Sequence[Any]) -> None:
+    def renew(self, items: Sequence[Task]) -> None:
         # Only the ttl types have a ttr deadline to push; fifo/utube tasks stay taken as long
         # as their consumer beats (touch there is a TubeError).
         if not self._ttl_type():
@@ -282,7 +302,7 @@ class TubeDriver(Driver):
         Consumer.objects.using(self.tube.using).beat(self.identity)
 
 
-class BoardDriver(Driver):
+class BoardDriver(Driver["Job"]):
     """TaskFlow job boards: ``claim_many``/``consume_many``, retry after a delay then ``trash``."""
 
     noun = "job"
@@ -290,26 +310,37 @@ class BoardDriver(Driver):
 
     @property
     def using(self) -> str:
-        return self.board.using if self.board is not None else "default"
+        return self._board.using if self._board is not None else "default"
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
-        self.board: Any = None
+        self._board: JobBoard | None = None
         self.entity_name = identity
+
+    @property
+    def board(self) -> JobBoard:
+        """The board served (:meth:`prepare` creates it if need be)."""
+        if self._board is None:
+            raise RuntimeError(f"{self.describe_queue()}: prepare() the driver first")
+        return self._board
+
+    @board.setter
+    def board(self, board: JobBoard) -> None:
+        self._board = board
 
     def prepare(self) -> None:
         self.board = JobBoard.objects.create_board(self.handler.target, if_not_exists=True)
 
-    def claim(self, limit: int) -> list[Any]:
+    def claim(self, limit: int) -> list[Job]:
         return self.board.claim_many(self.identity, limit, expiry=self.handler.lease)
 
-    def key(self, item: Any) -> Any:
+    def key(self, item: Job) -> str:
         return item.uuid
 
-    def describe(self, item: Any) -> str:
+    def describe(self, item: Job) -> str:
         return f"job {item.name} ({item.uuid}) of {self.describe_queue()}"
 
-    def done(self, items: Sequence[Any]) -> None:
+    def done(self, items: Sequence[Job]) -> None:
         consumed = self.board.consume_many(items, self.identity)
         if consumed < len(items):
             # The claim expired under the handler (no heartbeat for the whole expiry), or an
@@ -322,7 +353,7 @@ class BoardDriver(Driver):
             )
         self._forget([job.uuid for job in items])
 
-    def failed(self, item: Any, error: BaseException) -> str:
+    def failed(self, item: Job, error: BaseException) -> str:
         # The claim counted this one: after MAX_ATTEMPTS claims, wherever they ran, it is trashed.
         attempts, most = item.attempts, int(setting("MAX_ATTEMPTS"))
         if attempts >= most:
@@ -337,12 +368,12 @@ class BoardDriver(Driver):
             return f"(attempt {attempts} of {most}), claim already lost: it is free again"
         return f"(attempt {attempts} of {most}), retrying in {delay:g} s"
 
-    def give_back(self, items: Sequence[Any]) -> None:
+    def give_back(self, items: Sequence[Job]) -> None:
         # Jobs whose claim expired meanwhile are already free: abandon_many skips them.
         if items:
             self.board.abandon_many(items, self.identity)
 
-    def renew(self, items: Sequence[Any]) -> None:
+    def renew(self, items: Sequence[Job]) -> None:
         # Only the live claims this worker still holds are extended, one statement per slice.
         self.board.extend_many(items, self.identity, self.handler.lease)
 
@@ -352,7 +383,7 @@ class BoardDriver(Driver):
         )
 
 
-def make_driver(handler: Handler, identity: str) -> Driver:
+def make_driver(handler: Handler, identity: str) -> Driver[Any]:
     """Return the driver for ``handler``'s facade."""
-    kinds = {"loop": LoopDriver, "tube": TubeDriver, "board": BoardDriver}
+    kinds: dict[str, type[Driver[Any]]] = {"loop": LoopDriver, "tube": TubeDriver, "board": BoardDriver}
     return kinds[handler.kind](handler, identity)

@@ -9,7 +9,6 @@ everything back at once.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import random
 import signal
@@ -20,7 +19,6 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import wait as wait_for_sentinels
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -34,6 +32,7 @@ from ..models.tubes import worth_trying
 from ..reaper import format_report, reap
 from . import FailedForGood, Handler, StopNow, get_handlers, inside_user_code
 from .drivers import Driver, TubeDriver, make_driver
+from .supervisor import STOP_SIGNALS, Supervisor
 
 __all__ = ["Worker", "run_workers"]
 
@@ -58,6 +57,36 @@ class Tally:
     failed: int = 0
     given_back: int = 0
     seconds: float = 0.0
+
+
+@dataclass
+class Chores:
+    """When the heartbeat thread next does each of its chores (``time.monotonic()`` seconds)."""
+
+    drivers: dict[Driver, float]  # renew the leases and beat, per driver
+    reap: float  # the reaper's upkeep
+    flush: float  # write the throughput counts
+    tick: float  # claim the schedules' due ticks
+    process: float = 0.0  # the worker process's own row
+
+    def next_due(self) -> float:
+        return min([*self.drivers.values(), self.reap, self.process, self.flush, self.tick])
+
+
+class Batch:
+    """One claimed batch as it runs: how its items ended, and when each stage began."""
+
+    def __init__(self, driver: Driver, items: list[Any], claimed_at: float, *, trace: bool) -> None:
+        self.driver = driver
+        self.items = items
+        self.trace = trace  # debug logging: every item named as it starts and ends
+        # time.monotonic() when the claim began, when the handler began, when it ended.
+        self.claimed_at = claimed_at
+        self.running_at = time.monotonic()
+        self.ran_at = self.running_at
+        self.finished: list[Any] = []  # returned, or failed for good: settled as done
+        self.settled: set[Any] = set()  # keys of the items settled (or to be) by this batch
+        self.started = self.done = self.failed = 0
 
 
 class Worker:
@@ -110,7 +139,9 @@ class Worker:
 
     def install_signals(self) -> dict[int, Any]:
         """Install the stop handlers; return the previous ones (for :meth:`run` to restore)."""
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)}
+        previous: dict[int, Any] = {
+            sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)
+        }
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGALRM, self._on_alarm)
@@ -162,6 +193,28 @@ class Worker:
 
     def run(self) -> int:
         """Work until stopped; return the process exit status (0 when all went well)."""
+        self._prepare()
+        previous = self.install_signals()
+        beating = threading.Event()
+        heart = threading.Thread(
+            target=self._heartbeat, args=(beating,), name="taskloop-heartbeat", daemon=True
+        )
+        heart.start()
+        started = time.monotonic()
+        try:
+            self._work()
+        finally:
+            self._stop(beating, heart)
+            self.log_summary(time.monotonic() - started)
+            connections.close_all()
+            wakeup.close_listeners()
+            # Run in-process (call_command), the caller gets its own handlers back.
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return 0
+
+    def _prepare(self) -> None:
+        """Create what the handlers serve; in a burst, run the schedules' ticks due now."""
         for driver in self.drivers:
             driver.prepare()
         if self.ticker is not None:
@@ -171,82 +224,85 @@ class Worker:
                 self._tick()
         # One LISTEN session (PostgreSQL) for the life of this worker, not one per wait.
         wakeup.keep_listeners()
-        previous = self.install_signals()
-        beating = threading.Event()
-        heart = threading.Thread(
-            target=self._heartbeat, args=(beating,), name="taskloop-heartbeat", daemon=True
-        )
-        heart.start()
-        started = time.monotonic()
+
+    def _work(self) -> None:
+        """Run rounds until a stop (or, in a burst, until a round finds nothing); idle between
+        them as cheaply as the handlers allow."""
         idle = float(setting("POLL_MIN"))
         tubes = [driver for driver in self.drivers if isinstance(driver, TubeDriver)]
         # Tubes that the last poll found nothing in: the round after it does not claim there.
         skip: set[Driver] = set()
-        try:
-            errors = 0
-            while not self.stopping:
-                worked = 0
-                try:
-                    self._settle_pending()
-                    for driver in self.drivers:
-                        if self.stopping:
-                            break
-                        if driver in self.prefetched or driver not in skip:
-                            worked += self.run_batch(driver, self.prefetched.pop(driver, ()))
-                    skip = set()
-                    errors = 0
-                except (DatabaseError, DatabaseBusy):
-                    errors = self._database_error(errors)
-                    continue
-                if worked:
-                    idle = float(setting("POLL_MIN"))
-                    continue
-                if self.burst:
-                    break
-                if self._parent is not None and os.getppid() != self._parent:
-                    logger.warning("worker %s: supervisor gone, stopping", self.identity)
-                    break
-                if len(self.drivers) == 1 and isinstance(self.drivers[0], TubeDriver):
-                    # One tube: block in take(timeout), which wakes on a put at once (NOTIFY on
-                    # PostgreSQL, a backed-off poll elsewhere) and costs one cheap read per poll
-                    # meanwhile; the next round claims in bulk.
-                    driver = self.drivers[0]
-                    try:
-                        first = driver.wait_one(IDLE_WAIT, stop=self._idle_over)
-                        if first:
-                            self.run_batch(driver, first)
-                    except (DatabaseError, DatabaseBusy):
-                        errors = self._database_error(errors)
-                    continue
-                if len(tubes) == len(self.drivers) and len({driver.using for driver in tubes}) == 1:
-                    # Several tubes of one database: sleep on all their wake-ups at once.
-                    try:
-                        self._wait_tubes(tubes)
-                    except (DatabaseError, DatabaseBusy):
-                        errors = self._database_error(errors)
-                    continue
-                # Idle: polls spaced out up to POLL_MAX; one indexed query per loop and board,
-                # and one read for all the tubes, which are claimed from only if it says so.
-                self.wake.wait(idle)
+        errors = 0
+        while not self.stopping:
+            try:
+                worked = self._round(skip)
+                skip, errors = set(), 0
+            except (DatabaseError, DatabaseBusy):
+                errors = self._database_error(errors)
+                continue
+            if worked:
+                idle = float(setting("POLL_MIN"))
+                continue
+            if self.burst:
+                break
+            if self._supervisor_gone():
+                logger.warning("worker %s: supervisor gone, stopping", self.identity)
+                break
+            if len(tubes) == len(self.drivers) and len({driver.using for driver in tubes}) == 1:
+                errors = self._block(tubes, errors)
+            else:
+                skip = self._poll(tubes, idle)
                 idle = min(idle * float(setting("POLL_FACTOR")), float(setting("POLL_MAX")))
-                try:
-                    skip = self._not_worth_trying(tubes)
-                except (DatabaseError, DatabaseBusy):
-                    skip = set()  # the round claims from them, and deals with the error
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            self._give_back_prefetched()
-            self._settle_at_stop()
-            beating.set()
-            self.wake.set()  # the heartbeat may be waiting on it (no stop came: a burst's end)
-            heart.join(timeout=30)
-            self.log_summary(time.monotonic() - started)
-            connections.close_all()
-            wakeup.close_listeners()
-            # Run in-process (call_command), the caller gets its own handlers back.
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        return 0
+
+    def _round(self, skip: set[Driver]) -> int:
+        """Settle what earlier rounds kept, then run a batch of each driver (but those in
+        ``skip``, unless a batch of theirs is claimed ahead); return how many items ran."""
+        worked = 0
+        self._settle_pending()
+        for driver in self.drivers:
+            if self.stopping:
+                break
+            if driver in self.prefetched or driver not in skip:
+                worked += self.run_batch(driver, self.prefetched.pop(driver, ()))
+        return worked
+
+    def _block(self, tubes: list[TubeDriver], errors: int) -> int:
+        """Idle, every handler a tube of one database: block until a put wakes them (NOTIFY
+        on PostgreSQL, a backed-off poll elsewhere), a stop, or ``IDLE_WAIT`` seconds, and run
+        what came. Return the count of database errors in a row."""
+        try:
+            if len(tubes) == 1:
+                self._wait_one(tubes[0])
+            else:
+                self._wait_tubes(tubes)
+        except (DatabaseError, DatabaseBusy):
+            return self._database_error(errors)
+        return errors
+
+    def _wait_one(self, driver: TubeDriver) -> None:
+        """One tube: block in take(timeout), which costs one cheap read per poll; run the task
+        it brings at once (latency matters more than the batch; the next round claims in bulk)."""
+        first = driver.wait_one(IDLE_WAIT, stop=self._idle_over)
+        if first:
+            self.run_batch(driver, first)
+
+    def _poll(self, tubes: list[TubeDriver], idle: float) -> set[Driver]:
+        """Idle: wait ``idle`` seconds (polls spaced out up to POLL_MAX; one indexed query per
+        loop and board), then return the tubes not worth a take (one read for all of them)."""
+        self.wake.wait(idle)
+        try:
+            return self._not_worth_trying(tubes)
+        except (DatabaseError, DatabaseBusy):
+            return set()  # the round claims from them, and deals with the error
+
+    def _stop(self, beating: threading.Event, heart: threading.Thread) -> None:
+        """Give back and settle what is left, then stop the heartbeat thread."""
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        self._give_back_prefetched()
+        self._settle_at_stop()
+        beating.set()
+        self.wake.set()  # the heartbeat may be waiting on it (no stop came: a burst's end)
+        heart.join(timeout=30)
 
     def _give_back_prefetched(self) -> None:
         """Batches claimed ahead that will not run now (a stop came first) go back with what
@@ -295,7 +351,11 @@ class Worker:
 
     def _idle_over(self) -> bool:
         """Say whether an idle wait must end: a stop came, or the supervisor is gone."""
-        return self.stopping or (self._parent is not None and os.getppid() != self._parent)
+        return self.stopping or self._supervisor_gone()
+
+    def _supervisor_gone(self) -> bool:
+        """Say whether this supervised child has lost its supervisor (kill -9 of it)."""
+        return self._parent is not None and os.getppid() != self._parent
 
     def _database_error(self, errors: int) -> int:
         """Log the database error being handled, reconnect, back off; re-raise when it persists.
@@ -345,116 +405,144 @@ class Worker:
         a stop signal nothing more is started: the items not started go back at once, and only
         the one running gets the grace period.
         """
-        tally = self.tallies[driver.handler.name]
-        t0 = time.monotonic()
-        items = list(first)
-        if self.stopping:
-            # A stop arrived while we waited: what the wait brought in goes straight back.
-            self._give_back(driver, items)
-            tally.given_back += len(items)
-            return 0
-        if not items:
-            # (After a blocking wait brought one item, run it at once: latency matters more
-            # than the batch there, and the next round claims a full batch anyway.)
-            items = driver.claim(self.batch_size(driver))
+        claimed_at = time.monotonic()
+        items = self._claim_batch(driver, list(first))
         if not items:
             return 0
-        self.sizes[driver] = len(items)
-        t1 = time.monotonic()
+        batch = Batch(driver, items, claimed_at, trace=logger.isEnabledFor(logging.DEBUG))
         with self.inflight_lock:
             self.inflight[driver] = list(items)
             self.unstarted[driver] = deque(items)
             self.returned_early[driver] = set()
-        finished: list[Any] = []  # returned, or failed for good: settled as done
-        settled: set[Any] = set()
-        done = failed = started = 0
-        trace = logger.isEnabledFor(logging.DEBUG)
         try:
-            while True:
-                item = self._next_to_start(driver)
-                if item is None:
-                    break
-                started += 1
-                if trace:
-                    logger.debug("%s: started", driver.describe(item))
-                try:
-                    driver.call(item)
-                except StopNow:
-                    raise
-                except FailedForGood as error:
-                    # Nothing to retry (the Django Tasks backend recorded it as FAILED): settled
-                    # like a success, counted and logged as a failure.
-                    finished.append(item)
-                    settled.add(driver.key(item))
-                    failed += 1
-                    cause = error.__cause__ or error
-                    self._record_failure(driver, item, driver.attempt(item), cause)
-                    logger.warning("%s failed: %s: %s", driver.describe(item), type(cause).__name__, cause)
-                except Exception as error:
-                    # Finished items stay in flight until the batch's acknowledgement: their
-                    # leases must not lapse meanwhile. A failed item leaves first, so that no
-                    # heartbeat renews the lease that its retry delay is about to shorten.
-                    key = driver.key(item)
-                    with self.inflight_lock:
-                        self.inflight[driver] = [i for i in self.inflight[driver] if driver.key(i) != key]
-                    self._record_failure(driver, item, driver.attempt(item), error)
-                    outcome = driver.failed(item, error)
-                    settled.add(key)
-                    failed += 1
-                    logger.warning(
-                        "%s failed %s: %s: %s",
-                        driver.describe(item),
-                        outcome,
-                        type(error).__name__,
-                        error,
-                        exc_info=trace,
-                    )
-                else:
-                    finished.append(item)
-                    settled.add(driver.key(item))
-                    done += 1
-                    if trace:
-                        logger.debug("%s: done", driver.describe(item))
+            while (item := self._next_to_start(driver)) is not None:
+                self._run_item(batch, item)
         except StopNow:
             pass
         finally:
-            t2 = time.monotonic()
-            self._measured(driver, started, t2 - t1)
-            # Acknowledge what finished even when stopping: nothing done is run twice. Unless
-            # stopping, claim the next batch in the same transaction.
-            with self.inflight_lock:
-                self.unstarted.pop(driver, None)
-                returned = self.returned_early.pop(driver, set())
-            settled |= returned
-            left = [item for item in items if driver.key(item) not in settled]
-            claim_next = 0 if (self.stopping or self.aborting or left) else self.batch_size(driver)
-            more, error = self._settle(driver, finished, left, claim_next)
-            if trace:
-                for item in left:
-                    logger.debug("%s: given back", driver.describe(item))
-            given_back = len(left) + len(returned)
-            self._record_throughput(driver, done, failed, given_back)
-            t3 = time.monotonic()
-            tally.batches += 1
-            tally.done += done
-            tally.failed += failed
-            tally.given_back += given_back
-            tally.seconds += t3 - t0
-            logger.info(
-                "%s: %d claimed, %d done, %d failed, %d given back; claim %.1f ms, run %.1f ms, settle %.1f ms",
-                driver.describe_queue(),
-                len(items),
-                done,
-                failed,
-                given_back,
-                (t1 - t0) * 1000,
-                (t2 - t1) * 1000,
-                (t3 - t2) * 1000,
-            )
-            if error is not None:
-                # The run loop reconnects and backs off; the next round settles what is kept.
-                raise error
+            self._end_batch(batch)
         return len(items)
+
+    def _claim_batch(self, driver: Driver, items: list[Any]) -> list[Any]:
+        """Return the batch to run: ``items`` (brought by a blocking wait), else a new claim.
+
+        After a blocking wait brought one item, it runs at once: latency matters more than the
+        batch there, and the next round claims a full batch anyway. A stop that arrived while
+        we waited sends what the wait brought in straight back (and returns nothing).
+        """
+        if self.stopping:
+            self._give_back(driver, items)
+            self.tallies[driver.handler.name].given_back += len(items)
+            return []
+        if not items:
+            items = driver.claim(self.batch_size(driver))
+        if items:
+            self.sizes[driver] = len(items)
+        return items
+
+    def _run_item(self, batch: Batch, item: Any) -> None:
+        """Run the handler on one item of ``batch`` and note how it ended (a failure is dealt
+        with at once; success waits for the batch's acknowledgement)."""
+        driver = batch.driver
+        batch.started += 1
+        if batch.trace:
+            logger.debug("%s: started", driver.describe(item))
+        try:
+            driver.call(item)
+        except StopNow:
+            raise
+        except FailedForGood as error:
+            self._failed_for_good(batch, item, error)
+        except Exception as error:
+            self._failed(batch, item, error)
+        else:
+            batch.finished.append(item)
+            batch.settled.add(driver.key(item))
+            batch.done += 1
+            if batch.trace:
+                logger.debug("%s: done", driver.describe(item))
+
+    def _failed_for_good(self, batch: Batch, item: Any, error: FailedForGood) -> None:
+        """Nothing to retry (the Django Tasks backend recorded it as FAILED): settled like a
+        success, counted and logged as a failure."""
+        driver = batch.driver
+        batch.finished.append(item)
+        batch.settled.add(driver.key(item))
+        batch.failed += 1
+        cause = error.__cause__ or error
+        self._record_failure(driver, item, driver.attempt(item), cause)
+        logger.warning("%s failed: %s: %s", driver.describe(item), type(cause).__name__, cause)
+
+    def _failed(self, batch: Batch, item: Any, error: Exception) -> None:
+        """Record a handler's failure and let the facade retry the item (or bury, trash it).
+
+        Finished items stay in flight until the batch's acknowledgement: their leases must not
+        lapse meanwhile. A failed item leaves first, so that no heartbeat renews the lease that
+        its retry delay is about to shorten.
+        """
+        driver = batch.driver
+        key = driver.key(item)
+        with self.inflight_lock:
+            self.inflight[driver] = [i for i in self.inflight[driver] if driver.key(i) != key]
+        self._record_failure(driver, item, driver.attempt(item), error)
+        outcome = driver.failed(item, error)
+        batch.settled.add(key)
+        batch.failed += 1
+        logger.warning(
+            "%s failed %s: %s: %s",
+            driver.describe(item),
+            outcome,
+            type(error).__name__,
+            error,
+            exc_info=error if batch.trace else None,
+        )
+
+    def _end_batch(self, batch: Batch) -> None:
+        """Settle ``batch``, count it and log it; raise the database error its settling met.
+
+        What finished is acknowledged even when stopping: nothing done is run twice. Unless
+        stopping, the next batch is claimed in the same transaction.
+        """
+        driver = batch.driver
+        batch.ran_at = time.monotonic()
+        self._measured(driver, batch.started, batch.ran_at - batch.running_at)
+        with self.inflight_lock:
+            self.unstarted.pop(driver, None)
+            returned = self.returned_early.pop(driver, set())
+        batch.settled |= returned
+        left = [item for item in batch.items if driver.key(item) not in batch.settled]
+        claim_next = 0 if (self.stopping or self.aborting or left) else self.batch_size(driver)
+        _more, error = self._settle(driver, batch.finished, left, claim_next)
+        if batch.trace:
+            for item in left:
+                logger.debug("%s: given back", driver.describe(item))
+        self._count_batch(batch, given_back=len(left) + len(returned))
+        if error is not None:
+            # The run loop reconnects and backs off; the next round settles what is kept.
+            raise error
+
+    def _count_batch(self, batch: Batch, given_back: int) -> None:
+        """Add a settled batch to the throughput and the tally; log its line."""
+        driver = batch.driver
+        self._record_throughput(driver, batch.done, batch.failed, given_back)
+        settled_at = time.monotonic()
+        tally = self.tallies[driver.handler.name]
+        tally.batches += 1
+        tally.done += batch.done
+        tally.failed += batch.failed
+        tally.given_back += given_back
+        tally.seconds += settled_at - batch.claimed_at
+        logger.info(
+            "%s: %d claimed, %d done, %d failed, %d given back; claim %.1f ms, run %.1f ms, settle %.1f ms",
+            driver.describe_queue(),
+            len(batch.items),
+            batch.done,
+            batch.failed,
+            given_back,
+            (batch.running_at - batch.claimed_at) * 1000,
+            (batch.ran_at - batch.running_at) * 1000,
+            (settled_at - batch.ran_at) * 1000,
+        )
 
     def _next_to_start(self, driver: Driver) -> Any:
         """Return the batch's next item to start, or ``None``: none left, or a stop came (then
@@ -654,13 +742,14 @@ class Worker:
 
     def _heartbeat(self, stop: threading.Event) -> None:
         """Renew the leases of the work in hand and record that this worker is alive."""
-        due = {driver: 0.0 for driver in self.drivers}
-        # Long-running workers also do the reaper's upkeep (history and result pruning, dead
-        # consumers), spread out so that N processes do not all reap at once.
-        next_reap = time.monotonic() + REAP_EVERY * random.uniform(0.5, 1.0)
-        next_process_beat = 0.0
-        next_flush = time.monotonic() + THROUGHPUT_EVERY
-        next_tick = 0.0 if self.ticker is not None and not self.burst else float("inf")
+        chores = Chores(
+            drivers={driver: 0.0 for driver in self.drivers},
+            # Long-running workers also do the reaper's upkeep (history and result pruning,
+            # dead consumers), spread out so that N processes do not all reap at once.
+            reap=time.monotonic() + REAP_EVERY * random.uniform(0.5, 1.0),
+            flush=time.monotonic() + THROUGHPUT_EVERY,
+            tick=0.0 if self.ticker is not None and not self.burst else float("inf"),
+        )
         try:
             while True:
                 # A beat that met a dropped connection must not leave this thread's connection
@@ -668,52 +757,8 @@ class Worker:
                 drop_broken_connections()
                 if self.stopping:
                     self._give_back_unstarted()
-                if time.monotonic() >= next_flush:
-                    next_flush = time.monotonic() + THROUGHPUT_EVERY
-                    self._flush_throughput()
-                if time.monotonic() >= next_process_beat:
-                    # Every 5 s while holding work (the dashboard shows what); an idle worker
-                    # has nothing new to say: every HEARTBEAT_INTERVAL.
-                    with self.inflight_lock:
-                        holding = any(self.inflight.values())
-                    pace = float(setting("HEARTBEAT_INTERVAL"))
-                    next_process_beat = time.monotonic() + (min(pace, 5.0) if holding else pace)
-                    try:
-                        self._beat_as_process()
-                    except Exception:
-                        logger.exception("worker %s: heartbeat of the process failed", self.identity)
-                if not self.burst and time.monotonic() >= next_reap:
-                    next_reap = time.monotonic() + REAP_EVERY * random.uniform(0.75, 1.25)
-                    try:
-                        for line in format_report(reap()):
-                            logger.debug("reaper: %s", line)
-                    except Exception:
-                        logger.exception("periodic reap failed")
-                if time.monotonic() >= next_tick:
-                    next_tick = time.monotonic() + self._tick()
-                for driver in self.drivers:
-                    now = time.monotonic()
-                    if now < due[driver]:
-                        continue
-                    # Each driver beats at its own pace: a ttr tube's touch increment is its
-                    # interval, so beating it more often would push its deadline ever further.
-                    due[driver] = now + driver.beat_every
-                    with self.inflight_lock:
-                        # Finished items not yet acknowledged are renewed too: they must not
-                        # come back to run again while this worker retries their settle.
-                        held = [*self.inflight.get(driver, ()), *self.unsettled.get(driver, ())]
-                    try:
-                        driver.renew(held)
-                        driver.beat()
-                    except Exception:
-                        # A missed beat is not fatal: the next one, or the lease, covers it.
-                        logger.exception(
-                            "heartbeat of %s %s failed", driver.handler.kind, driver.handler.name
-                        )
-                pause = (
-                    min([*due.values(), next_reap, next_process_beat, next_flush, next_tick])
-                    - time.monotonic()
-                )
+                self._do_chores(chores)
+                pause = chores.next_due() - time.monotonic()
                 # Until a stop comes, the wait ends at the stop signal too (self.wake), so that
                 # what was claimed and not started goes back at once.
                 (stop if self.stopping else self.wake).wait(max(0.01, pause))
@@ -721,16 +766,76 @@ class Worker:
                     return
         finally:
             self._flush_throughput()
-            try:
-                WorkerProcess.objects.gone(self.identity)
-            except Exception:
-                logger.exception("worker %s: could not say goodbye", self.identity)
+            self._say_goodbye()
             connections.close_all()
+
+    def _do_chores(self, chores: Chores) -> None:
+        """Do the heartbeat's chores that are due, and note when each is due next."""
+        if time.monotonic() >= chores.flush:
+            chores.flush = time.monotonic() + THROUGHPUT_EVERY
+            self._flush_throughput()
+        if time.monotonic() >= chores.process:
+            chores.process = time.monotonic() + self._process_pace()
+            try:
+                self._beat_as_process()
+            except Exception:
+                logger.exception("worker %s: heartbeat of the process failed", self.identity)
+        if not self.burst and time.monotonic() >= chores.reap:
+            chores.reap = time.monotonic() + REAP_EVERY * random.uniform(0.75, 1.25)
+            self._reap()
+        if time.monotonic() >= chores.tick:
+            chores.tick = time.monotonic() + self._tick()
+        self._beat_drivers(chores.drivers)
+
+    def _process_pace(self) -> float:
+        """Seconds until the next beat of the process: every 5 s while holding work (the
+        dashboard shows what); an idle worker has nothing new to say: HEARTBEAT_INTERVAL."""
+        with self.inflight_lock:
+            holding = any(self.inflight.values())
+        pace = float(setting("HEARTBEAT_INTERVAL"))
+        return min(pace, 5.0) if holding else pace
+
+    def _reap(self) -> None:
+        """Run the reaper once; its failure is logged, never fatal."""
+        try:
+            for line in format_report(reap()):
+                logger.debug("reaper: %s", line)
+        except Exception:
+            logger.exception("periodic reap failed")
+
+    def _beat_drivers(self, due: dict[Driver, float]) -> None:
+        """Renew the leases of each driver whose beat is ``due``, and beat it."""
+        for driver in self.drivers:
+            now = time.monotonic()
+            if now < due[driver]:
+                continue
+            # Each driver beats at its own pace: a ttr tube's touch increment is its
+            # interval, so beating it more often would push its deadline ever further.
+            due[driver] = now + driver.beat_every
+            with self.inflight_lock:
+                # Finished items not yet acknowledged are renewed too: they must not
+                # come back to run again while this worker retries their settle.
+                held = [*self.inflight.get(driver, ()), *self.unsettled.get(driver, ())]
+            try:
+                driver.renew(held)
+                driver.beat()
+            except Exception:
+                # A missed beat is not fatal: the next one, or the lease, covers it.
+                logger.exception("heartbeat of %s %s failed", driver.handler.kind, driver.handler.name)
+
+    def _say_goodbye(self) -> None:
+        """Remove this worker's process row (the dashboard's list of live workers)."""
+        try:
+            WorkerProcess.objects.gone(self.identity)
+        except Exception:
+            logger.exception("worker %s: could not say goodbye", self.identity)
 
     def _tick(self) -> float:
         """Claim the schedules' due ticks; return the seconds until the next look."""
+        if self.ticker is None:
+            return float("inf")
         try:
-            return self.ticker.tick()  # type: ignore[union-attr]
+            return self.ticker.tick()
         except Exception:
             logger.exception("worker %s: schedules could not be read", self.identity)
             return schedules.REFRESH
@@ -764,10 +869,6 @@ def drop_broken_connections() -> None:
             connection.errors_occurred = False
         else:
             connection.close()
-
-
-#: The signals that stop workers; the supervisor blocks them while it starts a child.
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def _child(names: list[str], burst: bool, schedule: bool = True) -> None:
@@ -809,119 +910,4 @@ def run_workers(
     )
     if processes == 1:
         return Worker(handlers, burst=burst, schedule=schedule).run()
-    return Supervisor(handlers, processes, burst, schedule).run()
-
-
-class Supervisor:
-    """Keep ``processes`` worker processes running; restart the ones that die.
-
-    After the first stop signal no child is started again, every live child gets each
-    signal, and the supervisor exits once they all have (status 0 unless a child failed by
-    itself); a child that outlives its grace period by far is stopped hard.
-    """
-
-    #: Seconds past the grace period after which children still running get a second signal
-    #: (stop now), and as long again after which they are killed.
-    OVERDUE = 10.0
-
-    def __init__(
-        self, handlers: Sequence[Handler], processes: int, burst: bool, schedule: bool = True
-    ) -> None:
-        self.handlers = list(handlers)
-        self.names = [h.name for h in handlers]
-        self.processes = processes
-        self.burst = burst
-        self.schedule = schedule
-        self.signals: list[int] = []
-        self.stopped_at: float | None = None
-        self.context = multiprocessing.get_context("fork")
-        self.children: dict[int, Any] = {}
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self.signals.append(signum)
-        if self.stopped_at is None:
-            self.stopped_at = time.monotonic()
-        self._tell_children(signum)
-
-    def _tell_children(self, signum: int) -> None:
-        for process in list(self.children.values()):
-            if process.pid and process.exitcode is None:
-                try:
-                    os.kill(process.pid, signum)
-                except ProcessLookupError:
-                    pass
-
-    def _start(self, slot: int) -> None:
-        """Start a child in ``slot`` unless a stop has come; never lose a signal meanwhile.
-
-        Stop signals are blocked from the check to the child's registration, so a signal
-        that arrives in between is handled once the child is in ``self.children`` (and is
-        passed on to it); the child unblocks them itself after resetting its handlers.
-        """
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        try:
-            if self.signals:
-                return
-            # Children must not share the parent's database connections.
-            connections.close_all()
-            process = self.context.Process(
-                target=_child, args=(self.names, self.burst, self.schedule), name=f"taskloop-worker-{slot}"
-            )
-            process.start()
-            self.children[slot] = process
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-
-    def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        # Create tubes and boards once, here, rather than racing to create them in every child.
-        for handler in self.handlers:
-            if not self.signals:
-                make_driver(handler, "supervisor").prepare()
-        for slot in range(self.processes):
-            self._start(slot)
-        status = 0
-        restarts: dict[int, float] = {}
-        escalated = 0
-        grace = float(setting("GRACE_PERIOD"))
-        while self.children:
-            wait_for_sentinels([p.sentinel for p in self.children.values()], timeout=0.5)
-            if self.stopped_at is not None:
-                overdue = time.monotonic() - self.stopped_at - grace
-                if escalated == 0 and overdue > self.OVERDUE:
-                    logger.warning(
-                        "worker processes still running %gs after the grace period: stop now", overdue
-                    )
-                    escalated = 1
-                    self._tell_children(signal.SIGTERM)
-                elif escalated == 1 and overdue > 2 * self.OVERDUE:
-                    logger.error("worker processes still running: killing them")
-                    escalated = 2
-                    self._tell_children(signal.SIGKILL)
-            for slot, process in list(self.children.items()):
-                if process.exitcode is None:
-                    continue
-                process.join()
-                code = process.exitcode
-                del self.children[slot]
-                if self.signals or (self.burst and code == 0):
-                    # A child killed by a signal (the stop itself, or kill -9 just before it)
-                    # is no failure of the command; one that exited with an error is.
-                    if code > 0:
-                        status = 1
-                    continue
-                logger.error(
-                    "worker process %s (pid %s) died with status %s; restarting it", slot, process.pid, code
-                )
-                # A child that dies at once again and again would spin: slow the restarts
-                # down (a stop meanwhile cuts the wait short and cancels the restart).
-                last = restarts.get(slot, 0.0)
-                if time.monotonic() - last < 1.0:
-                    deadline = time.monotonic() + 1.0
-                    while not self.signals and time.monotonic() < deadline:
-                        time.sleep(0.05)
-                restarts[slot] = time.monotonic()
-                self._start(slot)
-        logger.info("all worker processes stopped")
-        return status
+    return Supervisor(handlers, processes, burst, schedule, child=_child).run()

@@ -41,9 +41,9 @@ class Command(BaseCommand):
         log = logging.getLogger("django_taskloop")
         if not log.hasHandlers():
             # Nobody configured logging: say what happens on stderr anyway.
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-            log.addHandler(handler)
+            stderr = logging.StreamHandler(sys.stderr)
+            stderr.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            log.addHandler(stderr)
             log.setLevel(logging.INFO)
         if options["verbosity"] >= 2:
             # -v 2 names every item as it starts and ends, with the traceback of each failure.
