@@ -106,10 +106,15 @@ def _claim_through_orm(
     if features(using).write_lock_first:
         # SQLite: nobody else can write while we hold the lock, so read and write at once.
         return run_in_transaction(
-            model, using, lambda: lease.write(list(base.values_list("pk", flat=True)[:limit])), savepoint=False
+            model,
+            using,
+            lambda: lease.write(list(base.values_list("pk", flat=True)[:limit])),
+            savepoint=False,
         )
     if direct:
-        return run_in_transaction(model, using, lambda: lease.lock_and_write(base, base, limit), savepoint=False)
+        return run_in_transaction(
+            model, using, lambda: lease.lock_and_write(base, base, limit), savepoint=False
+        )
 
     # (1) Candidates, read outside the transaction: a few more than needed, so that a rival
     # holding some of them does not leave us empty-handed.
@@ -127,7 +132,9 @@ def _claim_through_orm(
     # longer belongs to the queryset although its lease is free (seed 004: the
     # ``SELECT … FOR UPDATE SKIP LOCKED`` carries the whole WHERE).
     recheck = base.filter(pk__in=candidates)
-    claimed = run_in_transaction(model, using, lambda: lease.lock_and_write(recheck, base, limit), savepoint=False)
+    claimed = run_in_transaction(
+        model, using, lambda: lease.lock_and_write(recheck, base, limit), savepoint=False
+    )
     if claimed or len(candidates) < limit * overfetch:
         return claimed
     # Rivals held every candidate (they all read the same head of the queue). Let the index

@@ -125,7 +125,9 @@ def returning(model: type[Model], connection: BaseDatabaseWrapper) -> str:
     """`` RETURNING`` every concrete column of ``model`` (in field order)."""
     qn = connection.ops.quote_name
     table = model._meta.db_table
-    return " RETURNING " + ", ".join(f"{qn(table)}.{qn(field.column)}" for field in model._meta.concrete_fields)
+    return " RETURNING " + ", ".join(
+        f"{qn(table)}.{qn(field.column)}" for field in model._meta.concrete_fields
+    )
 
 
 def compile_update(
@@ -163,9 +165,7 @@ def compile_expression(model: type[Model], using: str, expression: Expression) -
     return sql, list(params)
 
 
-def compile_insert(
-    obj: Model, using: str, fields: list[Any], returned: list[Any]
-) -> tuple[str, SQLCompiler]:
+def compile_insert(obj: Model, using: str, fields: list[Any], returned: list[Any]) -> tuple[str, SQLCompiler]:
     """The one-row ``INSERT … [RETURNING returned]`` of ``obj`` that ``save()`` would send."""
     query = InsertQuery(type(obj))
     query.insert_values(fields, [obj])
@@ -265,7 +265,9 @@ def index_sql(
     )
 
 
-def insert_ignore_sql(connection: BaseDatabaseWrapper, table: str, columns: list[Any], rows: list[list[str]]) -> str:
+def insert_ignore_sql(
+    connection: BaseDatabaseWrapper, table: str, columns: list[Any], rows: list[list[str]]
+) -> str:
     """``INSERT … VALUES rows`` that skips rows whose key is taken: ``ON CONFLICT DO
     NOTHING`` on PostgreSQL, ``INSERT IGNORE`` / ``INSERT OR IGNORE`` elsewhere."""
     ops = connection.ops

@@ -13,6 +13,7 @@ from . import compiler, kept
 from .transactions import run_in_transaction
 from .vendor import DbNow, features, notifying
 
+
 def insert(
     objs: Sequence[Model],
     using: str,
@@ -204,7 +205,9 @@ class MissingRows:
     instances. The statement's row count is the number inserted.
     """
 
-    def __init__(self, model: type[Model], using: str, fields: Sequence[Field], now: str | None = None) -> None:
+    def __init__(
+        self, model: type[Model], using: str, fields: Sequence[Field], now: str | None = None
+    ) -> None:
         self.model, self.using = model, using
         connection = connections[using]
         pk = model._meta.pk
