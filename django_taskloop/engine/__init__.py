@@ -18,7 +18,16 @@ Its modules, by job:
 
 from __future__ import annotations
 
-from .claim import MAX_LIMIT, Claimed, claim, delete_and_claim, lock_free, update_returning
+from .claim import (
+    MAX_LIMIT,
+    Claimed,
+    ClaimSpec,
+    ack_and_claim,
+    claim,
+    delete_and_claim,
+    lock_free,
+    update_returning,
+)
 from .insert import MissingRows, insert, insert_together
 from .kept import KEPT_STATEMENTS, add_to, delete_pks, delete_rows
 from .transactions import discard_if_broken, run_in_transaction, write_transaction
@@ -65,6 +74,8 @@ __all__ = [
     "MissingRows",
     "claim",
     "Claimed",
+    "ClaimSpec",
+    "ack_and_claim",
     "lock_free",
     "MAX_LIMIT",
     "delete_pks",

@@ -11,6 +11,7 @@ that are still claimable with ``FOR UPDATE SKIP LOCKED``, (3) writes the lease, 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -299,4 +300,84 @@ def _delete_and_claim_sql(
         f"c AS ({claim_statement.sql}), s AS (UPDATE {qn(model._meta.db_table)} SET {sets} WHERE {match_sql} "
         "RETURNING 1) SELECT (SELECT COUNT(*) FROM d), (SELECT COUNT(*) FROM s), c.* "
         "FROM (SELECT 1) AS one LEFT JOIN c ON TRUE"
+    )
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """A claim as :func:`claim` takes it (``fetch=True``), for :meth:`run` and
+    :func:`ack_and_claim`: the engine decides how it is sent.
+
+    ``claimable`` and ``changes`` may be functions that build them. :meth:`prepared` builds
+    them at once unless the claim will be a kept statement (compiled once, when they are
+    needed): a claim through the ORM should not build its filter inside the transaction,
+    where locks (on SQLite, the whole database) wait on it. ``key=None``: never kept.
+    """
+
+    queryset: QuerySet[Any]
+    limit: int
+    claimable: Q | Callable[[], Q]
+    order_by: Sequence[Any]
+    changes: dict[str, Any] | Callable[[], dict[str, Any]]
+    key: Hashable | None = None
+    direct: bool = False
+
+    def kept(self) -> bool:
+        """Whether the claim is one statement, compiled once and kept under :attr:`key`."""
+        return self.key is not None and self.direct and features(self.queryset.db).update_returning
+
+    def prepared(self) -> ClaimSpec:
+        """This spec, its filter and changes built now unless the claim is kept."""
+        if self.kept():
+            return self
+        claimable = self.claimable() if callable(self.claimable) else self.claimable
+        changes = self.changes() if callable(self.changes) else self.changes
+        return replace(self, claimable=claimable, changes=changes)
+
+    def run(self, *, later: bool = False) -> Any:
+        """:func:`claim` of this spec (``fetch=True``)."""
+        return claim(
+            self.queryset,
+            limit=self.limit,
+            claimable=self.claimable,
+            order_by=self.order_by,
+            changes=self.changes,
+            fetch=True,
+            direct=self.direct,
+            key=self.key,
+            later=later,
+        )
+
+
+def ack_and_claim(
+    spec: ClaimSpec,
+    pks: Sequence[Any],
+    *,
+    where: Q | Callable[[], Q],
+    delete_key: Hashable,
+    counters: tuple[type[Model], dict[str, Any], dict[str, str]],
+) -> tuple[int, list[Any], bool] | None:
+    """:func:`delete_and_claim` of ``pks`` and ``spec`` where the database makes them one
+    statement (a kept claim, on PostgreSQL), run on its own or in the caller's transaction;
+    ``None`` elsewhere (the caller runs the parts one by one)."""
+    if not pks or not spec.kept() or not features(spec.queryset.db).modifying_with:
+        return None
+    key = spec.key
+    assert key is not None
+    return run_in_transaction(
+        spec.queryset.model,
+        spec.queryset.db,
+        lambda: delete_and_claim(
+            spec.queryset,
+            pks,
+            where=where,
+            delete_key=delete_key,
+            limit=spec.limit,
+            claimable=spec.claimable,
+            order_by=spec.order_by,
+            changes=spec.changes,
+            key=key,
+            counters=counters,
+        ),
+        alone=True,
     )

@@ -116,53 +116,11 @@ def _slot() -> int:
 # -- database clock arithmetic -------------------------------------------------------------
 
 
-class _Shifted(models.Expression):
-    """``base`` (a datetime expression, default the database clock) plus ``seconds``.
-
-    ``seconds`` is a number or a float expression (a column). ``DbNow(seconds)`` takes only a
-    constant; a task's deadline at take time is now plus *its own* ttr, and touch moves stored
-    deadlines, so these need a column on either side.
-    """
-
-    output_field = models.DateTimeField()
-
-    def __init__(self, seconds: Any, base: Any = None) -> None:
-        super().__init__(output_field=models.DateTimeField())
-        self.base = base if base is not None else engine.DbNow()
-        self.seconds = seconds if hasattr(seconds, "resolve_expression") else Value(float(seconds))
-
-    def get_source_expressions(self) -> list[Any]:
-        return [self.base, self.seconds]
-
-    def set_source_expressions(self, exprs: list[Any]) -> None:
-        self.base, self.seconds = exprs
-
-    def _parts(self, compiler: Any, connection: Any) -> tuple[str, str, list[Any]]:
-        base_sql, base_params = compiler.compile(self.base)
-        sec_sql, sec_params = compiler.compile(self.seconds)
-        return base_sql, sec_sql, [*base_params, *sec_params]
-
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        raise NotImplementedError(f"django-taskloop does not support the {connection.vendor} database")
-
-    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        base, sec, params = self._parts(compiler, connection)
-        return f"({base} + make_interval(secs => ({sec})::double precision))", params
-
-    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        base, sec, params = self._parts(compiler, connection)
-        return f"({base} + INTERVAL ROUND(({sec}) * 1000000) MICROSECOND)", params
-
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        base, sec, params = self._parts(compiler, connection)
-        return f"STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', {base}, printf('%%+.3f seconds', {sec}))", params
-
-
 def _touched(increment: float) -> dict[str, Any]:
     """What a touch writes: ``increment`` more seconds of ttr, and every deadline moved by it."""
     return {
-        "ttl_at": _Shifted(increment, F("ttl_at")),
-        "event_at": _Shifted(increment, F("event_at")),
+        "ttl_at": engine.Shifted(increment, F("ttl_at")),
+        "event_at": engine.Shifted(increment, F("event_at")),
         "ttr": F("ttr") + increment,
     }
 
@@ -171,8 +129,8 @@ def _taken_deadline() -> Any:
     """``min(now + ttr, ttl deadline)`` with NULL meaning infinite on either side."""
     return Case(
         When(ttr__isnull=True, then=F("ttl_at")),
-        When(ttl_at__isnull=True, then=_Shifted(F("ttr"))),
-        default=Least(_Shifted(F("ttr")), F("ttl_at")),
+        When(ttl_at__isnull=True, then=engine.Shifted(F("ttr"))),
+        default=Least(engine.Shifted(F("ttr")), F("ttl_at")),
         output_field=models.DateTimeField(),
     )
 
@@ -584,48 +542,15 @@ class Tube(models.Model):
         ``CONSUMER_TIMEOUT``; ready and buried tasks whose ttl ran out are removed.
         """
         done = {"delay": 0, "ttr": 0, "ttl": 0, "release": 0}
-        using = self._using
-        skip = engine.features(using).skip_locked
         if not self._tasks().filter(self._due(stale)).exists():
             # Nothing due: a plain read instead of a write transaction (on SQLite, the lock).
             self._ensure_exists()
             return done
 
-        def lock(rows: models.QuerySet[Task]) -> list[Task]:
-            # Skip rows a rival is changing: it will apply the transition, or we do next time.
-            return list(rows.select_for_update(skip_locked=skip).order_by("pk"))
-
         def work() -> None:
             self._ensure_exists()
-            tasks = self._tasks()
-            now = engine.DbNow()
-            back = lock(tasks.filter(state__in=[DELAYED, TAKEN], event_at__lte=now))
-            dead_held: list[Task] = []
-            if stale:
-                dead = Consumer.objects.using(using).dead().values("name")
-                dead_held = lock(
-                    tasks.filter(state=TAKEN, owner__in=dead).exclude(pk__in=[t.pk for t in back])
-                )
-                back += dead_held
-            if back:
-                tasks.filter(pk__in=[t.pk for t in back]).update(
-                    state=READY, owner=None, taken_key=None, event_at=None
-                )
-                due = len(back) - len(dead_held)
-                for i, task in enumerate(back):
-                    kind = "release" if i >= due else "delay" if task.state == DELAYED else "ttr"
-                    done[kind] += 1
-                    task.state, task.owner, task.taken_key, task.event_at = READY, None, None, None
-                    self._emit(task, kind)
-                self._wake()
-            expired = lock(tasks.filter(state__in=[READY, BURIED], ttl_at__lte=now))
-            if expired:
-                tasks.filter(pk__in=[t.pk for t in expired])._raw_delete(using)
-                for task in expired:
-                    task.state = DONE
-                    self._emit(task, "delete")
-                    self._emit(task, "ttl")
-                done["ttl"] = len(expired)
+            self._ready_again(stale, done)
+            done["ttl"] = self._remove_expired()
             self._count(
                 delay=done["delay"],
                 ttr=done["ttr"],
@@ -637,6 +562,48 @@ class Tube(models.Model):
 
         self._run(work)
         return done
+
+    def _ready_again(self, stale: bool, done: dict[str, int]) -> None:
+        """Make ready the tasks whose delay or ttr ran out (with ``stale``, and those that dead
+        consumers hold), adding them to ``done`` by kind. Rows a rival is changing are
+        skipped (engine.lock_free): it applies the transition, or we do next time."""
+        tasks = self._tasks()
+        back = engine.lock_free(
+            tasks.filter(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow()).order_by("pk")
+        )
+        dead_held: list[Task] = []
+        if stale:
+            dead = Consumer.objects.using(self._using).dead().values("name")
+            dead_held = engine.lock_free(
+                tasks.filter(state=TAKEN, owner__in=dead).exclude(pk__in=[t.pk for t in back]).order_by("pk")
+            )
+            back += dead_held
+        if not back:
+            return
+        tasks.filter(pk__in=[t.pk for t in back]).update(
+            state=READY, owner=None, taken_key=None, event_at=None
+        )
+        due = len(back) - len(dead_held)
+        for i, task in enumerate(back):
+            kind = "release" if i >= due else "delay" if task.state == DELAYED else "ttr"
+            done[kind] += 1
+            task.state, task.owner, task.taken_key, task.event_at = READY, None, None, None
+            self._emit(task, kind)
+        self._wake()
+
+    def _remove_expired(self) -> int:
+        """Remove the ready and buried tasks whose ttl ran out; return how many."""
+        tasks = self._tasks()
+        expired = engine.lock_free(
+            tasks.filter(state__in=[READY, BURIED], ttl_at__lte=engine.DbNow()).order_by("pk")
+        )
+        if expired:
+            engine.delete_rows(tasks.filter(pk__in=[t.pk for t in expired]))
+            for task in expired:
+                task.state = DONE
+                self._emit(task, "delete")
+                self._emit(task, "ttl")
+        return len(expired)
 
     def _tidy_for_take(self, every: float = 0.0) -> None:
         """Before a take: apply due transitions if there are any (one cheap indexed read).
@@ -954,6 +921,21 @@ class Tube(models.Model):
             return self.ack_many(ack, consumer), []
         if not checked:
             self._tidy_for_take(due_every)
+        spec = self._claim_spec(limit, consumer).prepared()
+        watched = (self._using, self.pk) in _callbacks
+        if ack and not watched:
+            # PostgreSQL: the acknowledgement, the claim and the counters as one statement.
+            together = self._ack_and_claim_at_once(spec, ack, consumer)
+            if together is not None:
+                return together
+        return self._claim_with_retries(spec, consumer, ack, watched)
+
+    def _claim_spec(self, limit: int, consumer: str) -> engine.ClaimSpec:
+        """What a take claims and writes. A batch claim of a fifo tube may be one kept
+        statement (the engine's choice): its filter and changes are then built once, when
+        it is compiled. utube: the claimable rows are the sub-queue heads, so one batch never
+        holds two tasks of one sub-queue. A batch claim scans the claim index itself (no
+        candidate read first): with SKIP LOCKED it finds free rows past what rivals hold."""
 
         def changes() -> dict[str, Any]:
             # attempts counts takes, so that a worker can bury a task that keeps failing.
@@ -964,66 +946,53 @@ class Tube(models.Model):
                 changes["taken_key"] = _taken_key()
             return changes
 
-        # A batch claim of a fifo tube is one kept statement where the database updates with
-        # RETURNING (engine.claim(key=…)): its filter and changes are built once, when it is
-        # compiled. Other claims take the ORM's way: build those before the transaction, so
-        # that no lock waits on them (on SQLite the whole database does).
-        kept = limit > 1 and not self._is_utube and engine.features(self._using).update_returning
-        claimable = self._claimable if kept else self._claimable()
-        writes = changes if kept else changes()
+        return engine.ClaimSpec(
+            self._tasks(),
+            limit=limit,
+            claimable=self._claimable,
+            order_by=self._order(),
+            changes=changes,
+            key=None if self._is_utube else self._kept_key("take", consumer),
+            direct=limit > 1,
+        )
 
-        watched = (self._using, self.pk) in _callbacks
+    def _ack_and_claim_at_once(
+        self, spec: engine.ClaimSpec, ack: list[int], consumer: str
+    ) -> tuple[int, list[Task]] | None:
+        """Acknowledge ``ack`` and claim ``spec`` in one statement where the engine can;
+        ``None`` where it cannot."""
+        together = engine.ack_and_claim(
+            spec,
+            ack,
+            where=lambda: self._held(consumer),
+            delete_key=self._kept_key("held", consumer),
+            counters=(TubeStat, {"tube_id": self.pk, "slot": _slot()}, _BATCH_COUNTERS),
+        )
+        if together is None:
+            return None
+        acked, tasks, counted = together
+        if not counted:
+            # No counter rows (a tube made without create_tube): make them, and count.
+            self._count(take=len(tasks), ack=acked, done=acked)
+        if not tasks and not acked:
+            self._ensure_exists()
+        return acked, tasks
+
+    def _claim_with_retries(
+        self, spec: engine.ClaimSpec, consumer: str, ack: list[int] | None, watched: bool
+    ) -> Any:
+        """Acknowledge ``ack`` (if any) and claim ``spec`` in one transaction, looking again
+        when utube's unique ``taken_key`` refuses a claim."""
 
         def work() -> tuple[int, engine.Claimed]:
             acked = self._ack_rows(ack, consumer) if ack else 0
-            # utube: the claimable rows are the sub-queue heads, so one batch never holds two
-            # tasks of one sub-queue. A batch claim scans the claim index itself (no candidate
-            # read first): with SKIP LOCKED it finds free rows past what rivals hold.
-            claimed = engine.claim(
-                self._tasks(),
-                limit=limit,
-                claimable=claimable,
-                order_by=self._order(),
-                changes=writes,
-                fetch=True,
-                direct=limit > 1,
-                key=self._kept_key("take", consumer),
-                later=True,
-            )
+            claimed = spec.run(later=True)
             self._count(take=len(claimed), ack=acked, done=acked)
             if watched:
                 for task in claimed.instances():
                     self._emit(task, "take")
             # Otherwise the rows become Task instances after the commit (engine.claim's later).
             return acked, claimed
-
-        if ack and kept and not watched and engine.features(self._using).modifying_with:
-            # PostgreSQL: the acknowledgement, the claim and the counters as one statement.
-            together = engine.run_in_transaction(
-                Task,
-                self._using,
-                lambda: engine.delete_and_claim(
-                    self._tasks(),
-                    ack,
-                    where=lambda: self._held(consumer),
-                    delete_key=self._kept_key("held", consumer),
-                    limit=limit,
-                    claimable=claimable,
-                    order_by=self._order(),
-                    changes=writes,
-                    key=self._kept_key("take", consumer),
-                    counters=(TubeStat, {"tube_id": self.pk, "slot": _slot()}, _BATCH_COUNTERS),
-                ),
-                alone=True,
-            )
-            if together is not None:
-                acked, tasks, counted = together
-                if not counted:
-                    # No counter rows (a tube made without create_tube): make them, and count.
-                    self._count(take=len(tasks), ack=acked, done=acked)
-                if not tasks and not acked:
-                    self._ensure_exists()
-                return acked, tasks
 
         # An acknowledgement that deletes at once writes first: no write lock to take before it.
         writes_first = bool(ack) and not watched
@@ -1052,12 +1021,10 @@ class Tube(models.Model):
             # Fast path: the row as read, then a delete that re-checks the hold itself (the
             # data it returns cannot change while the task is taken).
             task = self._tasks().filter(pk=task_id).first()
-            if task is None or not self._tasks().filter(self._held(consumer), pk=task_id)._raw_delete(
-                self._using
-            ):
+            if task is None or not engine.delete_rows(self._tasks().filter(self._held(consumer), pk=task_id)):
                 # Not held (or a timer is due): the slow path applies what is due and says why.
                 task = self._owned(task_id, consumer)
-                self._tasks().filter(pk=task.pk)._raw_delete(self._using)
+                engine.delete_rows(self._tasks().filter(pk=task.pk))
             self._count(ack=1, done=1)
             task.state, task.owner, task.taken_key = DONE, None, None
             self._emit(task, "delete")
@@ -1110,7 +1077,7 @@ class Tube(models.Model):
         total = 0
         for chunk in engine.batched(ids, self._using):
             tasks = list(self._tasks().filter(held, pk__in=chunk).select_for_update())
-            total += self._tasks().filter(pk__in=[t.pk for t in tasks])._raw_delete(self._using)
+            total += engine.delete_rows(self._tasks().filter(pk__in=[t.pk for t in tasks]))
             for task in tasks:
                 task.state, task.owner, task.taken_key = DONE, None, None
                 self._emit(task, "delete")
@@ -1130,7 +1097,7 @@ class Tube(models.Model):
                 changes["state"] = DELAYED
                 changes["event_at"] = engine.DbNow(delay)
                 # The delay extends the lifetime, as at put.
-                changes["ttl_at"] = _Shifted(delay, F("ttl_at"))
+                changes["ttl_at"] = engine.Shifted(delay, F("ttl_at"))
             self._tasks().filter(pk=task.pk).update(**changes)
             self._count(release=1)
             task.refresh_from_db(using=self._using)
@@ -1291,16 +1258,20 @@ class Tube(models.Model):
 
         def work() -> int:
             self._ensure_exists()
-            rows = self._tasks().buried().order_by(*self._order())
-            # count may be any int: more than any table holds must not overflow LIMIT.
-            limit = min(count, engine.MAX_LIMIT)
-            tasks = list(rows.select_for_update(skip_locked=engine.features(self._using).skip_locked)[:limit])
+            # Best first, skipping buried tasks a rival is changing; each comes back ready.
+            tasks = engine.claim(
+                self._tasks().buried(),
+                limit=count,
+                claimable=Q(),
+                order_by=self._order(),
+                changes={"state": READY},
+                fetch=True,
+                direct=True,
+            )
             if not tasks:
                 return 0
-            self._tasks().filter(pk__in=[t.pk for t in tasks]).update(state=READY)
             self._count(kick=len(tasks))
             for task in tasks:
-                task.state = READY
                 self._emit(task, "kick")
             self._wake()
             return len(tasks)
@@ -1346,7 +1317,7 @@ class Tube(models.Model):
 
         def work() -> Task:
             task = self._existing(task_id, lock=True)
-            self._tasks().filter(pk=task.pk)._raw_delete(self._using)
+            engine.delete_rows(self._tasks().filter(pk=task.pk))
             self._count(delete=1, done=1)
             if task.state == TAKEN and self._is_utube:
                 self._wake()
@@ -1362,7 +1333,7 @@ class Tube(models.Model):
 
         def work() -> int:
             self._ensure_exists()
-            removed = self._tasks()._raw_delete(self._using)
+            removed = engine.delete_rows(self._tasks())
             # Not a call counter: it keeps the derived calls.put right (see statistics()).
             self._count(truncated=removed)
             return removed
@@ -1381,10 +1352,10 @@ class Tube(models.Model):
                 raise TubeError(f"there are taken tasks in tube {self.name!r}")
             if TubeWaiter.objects.using(self._using).waiting(self.pk).exists():
                 raise TubeError(f"there are consumers waiting on tube {self.name!r}")
-            self._tasks()._raw_delete(self._using)
-            TubeStat.objects.using(self._using).filter(tube_id=self.pk)._raw_delete(self._using)
-            TubeWaiter.objects.using(self._using).filter(tube_id=self.pk)._raw_delete(self._using)
-            Tube.objects.using(self._using).filter(pk=self.pk)._raw_delete(self._using)
+            engine.delete_rows(self._tasks())
+            engine.delete_rows(TubeStat.objects.using(self._using).filter(tube_id=self.pk))
+            engine.delete_rows(TubeWaiter.objects.using(self._using).filter(tube_id=self.pk))
+            engine.delete_rows(Tube.objects.using(self._using).filter(pk=self.pk))
             return True
 
         self._run(work)
@@ -1699,7 +1670,7 @@ class _Registration:
             )
 
     def close(self) -> None:
-        TubeWaiter.objects.using(self.using).filter(pk=self.row.pk)._raw_delete(self.using)
+        engine.delete_rows(TubeWaiter.objects.using(self.using).filter(pk=self.row.pk))
 
 
 class TubeWaiterQuerySet(models.QuerySet["TubeWaiter"]):
