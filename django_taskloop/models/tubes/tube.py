@@ -68,6 +68,16 @@ class TubeManager(models.Manager["Tube"]):
         pri = _check_pri(pri)
         if on_task_change is not None and not callable(on_task_change):
             raise TypeError("on_task_change must be callable or None")
+        tube = self._existing_or_made(name, type, if_not_exists, ttl, ttr, pri)
+        if on_task_change is not None:
+            _callbacks[(self.db, tube.pk)] = on_task_change
+        return tube
+
+    def _existing_or_made(
+        self, name: str, type: str, if_not_exists: bool, ttl: float | None, ttr: float | None, pri: int | None
+    ) -> Tube:
+        """The tube ``name`` made now with its counter slots, or (``if_not_exists``) as it
+        exists already."""
         using = self.db
 
         def make() -> Tube:
@@ -79,38 +89,37 @@ class TubeManager(models.Manager["Tube"]):
         existing = self.filter(name=name).first()
         if existing is None:
             try:
-                tube = engine.run_in_transaction(self.model, using, make)
+                return engine.run_in_transaction(self.model, using, make)
             except IntegrityError:
                 # A rival created it between our look and our insert.
                 existing = self.filter(name=name).first()
                 if existing is None:
                     raise
-        if existing is not None:
-            if not if_not_exists:
-                raise TubeError(f"tube {name!r} already exists")
-            if existing.type != type:
-                raise TubeError(f"tube {name!r} exists with type {existing.type!r}, not {type!r}")
-            asked = {"ttl": ttl, "ttr": ttr, "pri": pri}
-            differ = {
-                key: value
-                for key, value in asked.items()
-                if value is not None and value != getattr(existing, key)
-            }
-            if differ:
-                # The stored tube wins (its tasks were put under its options), but silently
-                # handing back other options than the code asked for hides a real mistake,
-                # e.g. a worker's @tube("emails") having created it first with the defaults.
-                logger.warning(
-                    "tube %r already exists with %s; create_tube(if_not_exists=True) asked for %s: "
-                    "the stored options stay (drop and re-create the tube, or change the code to match)",
-                    name,
-                    ", ".join(f"{key}={getattr(existing, key)!r}" for key in differ),
-                    ", ".join(f"{key}={value!r}" for key, value in differ.items()),
-                )
-            tube = existing
-        if on_task_change is not None:
-            _callbacks[(using, tube.pk)] = on_task_change
-        return tube
+        if not if_not_exists:
+            raise TubeError(f"tube {name!r} already exists")
+        if existing.type != type:
+            raise TubeError(f"tube {name!r} exists with type {existing.type!r}, not {type!r}")
+        self._warn_if_options_differ(existing, {"ttl": ttl, "ttr": ttr, "pri": pri})
+        return existing
+
+    @staticmethod
+    def _warn_if_options_differ(existing: Tube, asked: dict[str, Any]) -> None:
+        """The stored tube wins (its tasks were put under its options), but silently handing
+        back other options than the code asked for hides a real mistake, e.g. a worker's
+        @tube("emails") having created it first with the defaults."""
+        differ = {
+            key: value
+            for key, value in asked.items()
+            if value is not None and value != getattr(existing, key)
+        }
+        if differ:
+            logger.warning(
+                "tube %r already exists with %s; create_tube(if_not_exists=True) asked for %s: "
+                "the stored options stay (drop and re-create the tube, or change the code to match)",
+                existing.name,
+                ", ".join(f"{key}={getattr(existing, key)!r}" for key in differ),
+                ", ".join(f"{key}={value!r}" for key, value in differ.items()),
+            )
 
     def statistics(self) -> dict[str, dict[str, dict[str, int]]]:
         """Return ``{tube name: tube.statistics()}`` for every tube."""
