@@ -30,7 +30,7 @@ from .claim import (
 )
 from .insert import MissingRows, insert, insert_together
 from .kept import KEPT_STATEMENTS, add_to, delete_pks, delete_rows
-from .transactions import discard_if_broken, run_in_transaction, write_transaction
+from .transactions import discard_if_broken, poll, run_in_transaction, write_transaction
 from .vendor import (
     SUPPORTED,
     DbNow,
@@ -69,6 +69,7 @@ __all__ = [
     "SUPPORTED",
     "write_transaction",
     "run_in_transaction",
+    "poll",
     "insert",
     "insert_together",
     "MissingRows",

@@ -4,6 +4,7 @@ left broken."""
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +15,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models import Model
 
 from ..conf import setting
-from ..exceptions import DatabaseBusy
+from ..exceptions import DatabaseBusy, TaskloopError
 from .vendor import is_retryable, take_write_lock, writers_in_turn
 
 T = TypeVar("T")
@@ -133,3 +134,25 @@ def discard_if_broken(using: str) -> None:
     if connection.connection is not None and connection.errors_occurred and not connection.in_atomic_block:
         if not connection.is_usable():
             connection.close()
+
+
+def poll(until: Callable[[], bool], timeout: float | None, *, using: str, what: str) -> bool:
+    """Call ``until()`` with backoff (``POLL_MIN`` up to ``POLL_MAX``) until it is true
+    (``True``) or ``timeout`` seconds pass (``False``; ``None``: never): a wait for what other
+    transactions commit. The state is checked before the clock, so a zero timeout still looks
+    once. Waiting (a timeout other than 0) inside a transaction of database ``using`` raises
+    :class:`TaskloopError` naming ``what``: it would never see the commit it waits for."""
+    if (timeout is None or timeout > 0) and connections[using].in_atomic_block:
+        raise TaskloopError(
+            f"{what} with a timeout cannot run inside atomic(): it would never see the commit it waits for"
+        )
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = setting("POLL_MIN")
+    while True:
+        if until():
+            return True
+        left = math.inf if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(delay, left))
+        delay = min(delay * setting("POLL_FACTOR"), setting("POLL_MAX"))

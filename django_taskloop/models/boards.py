@@ -14,8 +14,6 @@ with no reaper; ``Job.objects.reap_expired()`` only tidies the columns up.
 from __future__ import annotations
 
 import enum
-import math
-import time
 import uuid as uuid_module
 from collections.abc import Iterable, Iterator
 from typing import Any, Self
@@ -26,7 +24,7 @@ from django.db.models import BooleanField, Case, F, Q, Value, When
 
 from .. import engine
 from ..conf import setting
-from ..exceptions import JobFailure, NotFound, TaskloopError, UnclaimableJob
+from ..exceptions import JobFailure, NotFound, UnclaimableJob
 from ..signals import job_posted, job_removed
 from ..validation import (
     check_bool,
@@ -196,6 +194,11 @@ def _live_claim() -> Q:
     )
 
 
+def _live_claim_flag() -> Case:
+    """Whether a job is under a live claim, as a column."""
+    return Case(When(_live_claim(), then=Value(True)), default=Value(False), output_field=BooleanField())
+
+
 class _NotAllHeld(Exception):
     """An optimistic ``consume_many`` found a job that its caller no longer holds."""
 
@@ -217,30 +220,6 @@ def _keep_history(rows: list[Job], who: str, using: str) -> None:
             for row in rows
         ]
     )
-
-
-def _wait_in_atomic_block(using: str, what: str) -> None:
-    if connections[using].in_atomic_block:
-        raise TaskloopError(
-            f"{what} with a timeout cannot run inside atomic(): it would never see the commit it waits for"
-        )
-
-
-def _poll(until: Any, timeout: float | None) -> bool:
-    """Call ``until()`` with backoff until it is true (``True``) or ``timeout`` passes (``False``).
-
-    The state is checked before the clock, so a zero timeout still looks once.
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    delay = setting("POLL_MIN")
-    while True:
-        if until():
-            return True
-        left = math.inf if deadline is None else deadline - time.monotonic()
-        if left <= 0:
-            return False
-        time.sleep(min(delay, left))
-        delay = min(delay * setting("POLL_FACTOR"), setting("POLL_MAX"))
 
 
 # -- boards ----------------------------------------------------------------------------------
@@ -328,11 +307,7 @@ class JobBoard(models.Model):
         return (
             self._jobs()
             .select_for_update()
-            .annotate(
-                live_claim=Case(
-                    When(_live_claim(), then=Value(True)), default=Value(False), output_field=BooleanField()
-                )
-            )
+            .annotate(live_claim=_live_claim_flag())
             .filter(uuid=job_uuid)
             .first()
         )
@@ -718,9 +693,7 @@ class JobBoard(models.Model):
         Raise ``NotFound`` if none arrives within ``timeout`` seconds (``None``: forever).
         """
         timeout = _check_timeout(timeout)
-        if timeout is None or timeout > 0:
-            _wait_in_atomic_block(self._alias, "board.wait()")
-        if not _poll(lambda: self._jobs().exists(), timeout):
+        if not engine.poll(lambda: self._jobs().exists(), timeout, using=self._alias, what="board.wait()"):
             raise NotFound(
                 f"expired waiting for jobs to arrive on board {self.name!r}; waited {timeout} seconds"
             )
@@ -866,12 +839,7 @@ class Job(models.Model):
         return (
             Job.objects.db_manager(self._alias)
             .filter(pk=self.pk)
-            .annotate(
-                live_claim=Case(
-                    When(_live_claim(), then=Value(True)), default=Value(False), output_field=BooleanField()
-                ),
-                db_now=engine.DbNow(),
-            )
+            .annotate(live_claim=_live_claim_flag(), db_now=engine.DbNow())
             .values("trashed", "claimed_by", "claim_expires_at", "live_claim", "db_now")
             .first()
         )
@@ -925,9 +893,7 @@ class Job(models.Model):
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until this job is COMPLETE (``True``) or ``timeout`` seconds pass (``False``)."""
         timeout = _check_timeout(timeout)
-        if timeout is None or timeout > 0:
-            _wait_in_atomic_block(self._alias, "job.wait()")
-        return _poll(lambda: self.state == COMPLETE, timeout)
+        return engine.poll(lambda: self.state == COMPLETE, timeout, using=self._alias, what="job.wait()")
 
 
 class ConsumedJob(models.Model):
