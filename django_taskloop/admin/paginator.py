@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.paginator import Paginator
+from django.core.paginator import Page, Paginator
+from django.db.models import QuerySet
 from django.utils.functional import cached_property
 
 from .. import engine
@@ -38,7 +39,7 @@ class EstimatedCountPaginator(Paginator):
     @cached_property
     def count(self) -> int:
         object_list = self.object_list
-        if not hasattr(object_list, "query"):
+        if not isinstance(object_list, QuerySet):
             return len(object_list)
         capped = object_list.order_by()[: self.exact_limit + 1].count()
         if capped <= self.exact_limit:
@@ -67,4 +68,4 @@ class EstimatedCountPaginator(Paginator):
             return super().page(number)
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
-        return self._get_page(self.object_list[bottom : bottom + self.per_page], number, self)
+        return Page(self.object_list[bottom : bottom + self.per_page], number, self)

@@ -8,7 +8,7 @@ Django upgrade that changes those internals should touch this file alone.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db import connections, transaction
@@ -42,7 +42,8 @@ def send(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch
         connection.queries_logged
         or connection.execute_wrappers
         or connection.connection is None
-        or (connection.health_check_enabled and not connection.health_check_done)
+        # (Django 5.1+ health checks: django-stubs does not know these attributes yet.)
+        or (connection.health_check_enabled and not connection.health_check_done)  # type: ignore[attr-defined]
     ):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -117,7 +118,7 @@ def plain(queryset: QuerySet[Any]) -> bool:
 def column(model: type[Model], name: str) -> str:
     """The column of ``model``'s concrete field ``name``."""
     field = model._meta.get_field(name)
-    assert isinstance(field, Field), field
+    assert isinstance(field, Field) and field.column is not None, field
     return field.column
 
 
@@ -125,9 +126,8 @@ def returning(model: type[Model], connection: BaseDatabaseWrapper) -> str:
     """`` RETURNING`` every concrete column of ``model`` (in field order)."""
     qn = connection.ops.quote_name
     table = model._meta.db_table
-    return " RETURNING " + ", ".join(
-        f"{qn(table)}.{qn(field.column)}" for field in model._meta.concrete_fields
-    )
+    columns = [column(model, field.name) for field in model._meta.concrete_fields]
+    return " RETURNING " + ", ".join(f"{qn(table)}.{qn(name)}" for name in columns)
 
 
 def compile_update(
@@ -135,7 +135,7 @@ def compile_update(
 ) -> tuple[str, tuple[Any, ...], SQLCompiler]:
     """``queryset.update(**changes)`` as SQL, and its compiler. ``for_update``: the queryset
     locks (``FOR UPDATE``), which Django compiles only inside a transaction."""
-    query = queryset.query.chain(UpdateQuery)
+    query = cast(UpdateQuery, queryset.query.chain(UpdateQuery))
     query.add_update_values(changes)
     compiler = query.get_compiler(queryset.db)
     if for_update:
@@ -189,7 +189,9 @@ def execute_insert(
     compiler = query.get_compiler(using=using)
     if wrap is not None:
         statements = compiler.as_sql
-        compiler.as_sql = lambda: [wrap(sql, params) for sql, params in statements()]  # type: ignore[method-assign]  # the compiler has no hook for this
+        compiler.as_sql = lambda: [
+            wrap(sql, params) for sql, params in statements()
+        ]  # the compiler has no hook for this
     return list(compiler.execute_sql(returned))
 
 
@@ -246,7 +248,7 @@ class Instances:
 def raw_delete(queryset: QuerySet[Any]) -> int:
     """DELETE ``queryset``'s rows in one statement (no signals, no cascades in Python: the
     database's foreign keys do that); return how many."""
-    return queryset._raw_delete(queryset.db)  # type: ignore[attr-defined]  # QuerySet._raw_delete is Django's private one-statement DELETE
+    return queryset._raw_delete(queryset.db)  # Django's private one-statement DELETE
 
 
 def index_sql(
@@ -276,4 +278,6 @@ def insert_ignore_sql(
         f"({', '.join(ops.quote_name(f.column) for f in columns)}) "
     )
     tail = ops.on_conflict_suffix_sql(columns, OnConflict.IGNORE, [], [])
-    return head + ops.bulk_insert_sql(columns, rows) + (f" {tail}" if tail else "")
+    # (django-stubs types the rows of placeholders as strings; Django takes lists of them.)
+    values = ops.bulk_insert_sql(columns, rows)  # type: ignore[arg-type]
+    return head + values + (f" {tail}" if tail else "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Hashable, Sequence
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from django.db import connections
@@ -30,7 +31,7 @@ def keep(key: Hashable, build: Callable[[], T]) -> T:
     """The statement kept under ``key``; ``build()`` makes it the first time (``None``: this
     shape has no kept statement, and the caller takes the ORM's way)."""
     try:
-        return _kept[key]  # type: ignore[no-any-return]  # what build() made for this key
+        return _kept[key]
     except KeyError:
         pass
     value = build()
@@ -102,14 +103,14 @@ class ClaimStatement:
 
     def rows(self, using: str) -> list[tuple[Any, ...]]:
         """Send the claim; return its rows as the database gives them (see :meth:`finish`)."""
-        return compiler.send(connections[using], self.sql, self.params)  # type: ignore[no-any-return]  # fetch="all": rows
+        return compiler.send(connections[using], self.sql, self.params)  # fetch="all": rows
 
     def finish(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
         """The claimed rows as instances, in the claim's order (``RETURNING`` gives them in
         no particular order)."""
         objs = self.instances.make(using, rows)
         for name, descending in reversed(self.order):
-            objs.sort(key=lambda obj, name=name: getattr(obj, name), reverse=descending)  # type: ignore[misc]
+            objs.sort(key=attrgetter(name), reverse=descending)
         return objs
 
 
@@ -225,7 +226,9 @@ def add_to(model: type[Model], using: str, match: dict[str, Any], deltas: dict[s
         return f"UPDATE {qn(model._meta.db_table)} SET {sets} WHERE {where}"
 
     sql = keep(("add", model, using, tuple(match), tuple(deltas)), build)
-    return compiler.send(connections[using], sql, [*deltas.values(), *match.values()], "rowcount")  # type: ignore[no-any-return]  # fetch="rowcount": an int
+    return compiler.send(
+        connections[using], sql, [*deltas.values(), *match.values()], "rowcount"
+    )  # fetch="rowcount": an int
 
 
 # -- a one-row INSERT ---------------------------------------------------------------------------
@@ -243,7 +246,7 @@ def _only_if(sql: str, connection: BaseDatabaseWrapper, guard: type[Model]) -> s
     qn = connection.ops.quote_name
     pk = guard._meta.pk
     assert pk is not None
-    table, key = qn(guard._meta.db_table), qn(pk.column)
+    table, key = qn(guard._meta.db_table), qn(compiler.column(guard, pk.name))
     return f"{sql[:start]} SELECT {values} FROM {table} WHERE {table}.{key} = %s{sql[close + 1 :]}"
 
 

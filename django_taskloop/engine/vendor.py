@@ -325,7 +325,7 @@ class PartialIndex(Index):
         kwargs["where"] = self.where
         if self.unique:
             kwargs["unique"] = True
-        return path, args, kwargs
+        return path, tuple(args), kwargs
 
     def __eq__(self, other: object) -> bool:
         return (

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import uuid as uuid_module
 from collections.abc import Iterable, Iterator
-from typing import Any, Self
+from typing import Any, Self, cast
 
 from django.core.validators import RegexValidator
 from django.db import IntegrityError, connections, models, router, transaction
@@ -355,7 +355,7 @@ class JobBoard(models.Model):
                 uuid=str(uuid_module.uuid4()),
                 name=name,
                 details=details,
-                priority=priority,
+                priority=priority,  # type: ignore[misc]  # PriorityField takes a JobPriority; django-stubs sees its integer base
                 created_on=now,
                 last_modified=now,
             )
@@ -570,7 +570,7 @@ class JobBoard(models.Model):
         """
         uuids, _ = _job_uuids(jobs)
         who = check_owner(who, "who", max_length=_OWNER_LENGTH)
-        seconds = check_seconds(seconds, "seconds", positive=True)
+        seconds = cast(float, check_seconds(seconds, "seconds", positive=True))  # never None here
         using = self._alias
         if not uuids:
             return 0
@@ -811,6 +811,8 @@ class Job(models.Model):
     reposted_as = models.CharField(max_length=36, null=True, blank=True, editable=False)
     #: Times the job has been claimed (workers trash it after TASKLOOP["MAX_ATTEMPTS"] failures).
     attempts = models.PositiveIntegerField(default=0, editable=False)
+    #: Not a column: a row read under its lock with its claim's liveness (JobBoard._locked_job).
+    live_claim: bool
 
     objects = JobManager()
 
@@ -878,7 +880,7 @@ class Job(models.Model):
         A claim made without an expiry gets one. Expired, abandoned and finished jobs give
         ``False``.
         """
-        seconds = check_seconds(seconds, "seconds", positive=True)
+        seconds = cast(float, check_seconds(seconds, "seconds", positive=True))  # never None here
         using = self._alias
 
         def work() -> bool:

@@ -18,8 +18,8 @@ never-updated first, then id), then new rows (by id), then idle rows not updated
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, Self, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Self, TypeVar, cast
 
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
@@ -64,7 +64,7 @@ class TaskLoopBase(ModelBase):
         ):
             attrs = {**attrs, "id": None}
         cls = super().__new__(mcs, name, bases, attrs, **kwargs)
-        opts = cls._meta
+        opts = cast("type[models.Model]", cls)._meta
         if not opts.abstract and not opts.proxy and opts.get_field("lock_until").model is cls:
             # Added here rather than in TaskLoop.Meta.indexes: a subclass that writes its own
             # ``class Meta`` without inheriting TaskLoop.Meta would silently lose it.
@@ -95,7 +95,8 @@ class TaskLoopQuerySet(models.QuerySet):
     def _ids(self, id_or_ids: Any) -> list[Any]:
         """Return the ids as the primary key's Python type, unique, sorted where possible."""
         pk = self.model._meta.pk
-        target = pk.target_field if pk.is_relation else pk
+        # A relation (a OneToOneField key): the field it points to says what an id is.
+        target = getattr(pk, "target_field", pk) if pk.is_relation else pk
         ids: dict[Any, None] = {}
         for value in as_id_list(id_or_ids, "id_or_ids"):
             try:
@@ -131,8 +132,8 @@ class TaskLoopQuerySet(models.QuerySet):
             return result
         return engine.run_in_transaction(self.model, self.db, work)
 
-    def _batches(self, ids: list[Any], per_row: int = 1) -> Iterable[list[Any]]:
-        return engine.batched(ids, self.db, per_row=per_row)  # type: ignore[return-value]
+    def _batches(self, ids: list[Any], per_row: int = 1) -> Iterator[Sequence[Any]]:
+        return engine.batched(ids, self.db, per_row=per_row)
 
     def _insert(self, ids: list[Any], *, updated: bool = False, mostly_present: bool = False) -> int:
         """Insert the ids that are not in the loop yet; return how many were new.
@@ -154,7 +155,7 @@ class TaskLoopQuerySet(models.QuerySet):
                 new += rows.insert(batch)
         return new
 
-    def _not_present(self, batch: list[Any]) -> list[Any]:
+    def _not_present(self, batch: Sequence[Any]) -> Sequence[Any]:
         """The ids of ``batch`` not in the loop. A plain read, which takes no lock, spares the
         insert: on MySQL an INSERT IGNORE would share-lock every existing row, and two
         transactions upgrading those to write locks (did's UPDATE) deadlock."""
@@ -162,7 +163,7 @@ class TaskLoopQuerySet(models.QuerySet):
         present = set(rows.filter(pk__in=batch).values_list("pk", flat=True))
         return [value for value in batch if value not in present]
 
-    def _known(self, batch: list[Any]) -> list[Any]:
+    def _known(self, batch: Sequence[Any]) -> Sequence[Any]:
         """The ids of ``batch`` that exist in the table the loop's key points to (all of them
         if it points nowhere). MySQL's INSERT IGNORE would skip a missing one while PostgreSQL
         and SQLite fail at commit: skip it everywhere, as doloop's users expect of ids that no
@@ -170,7 +171,7 @@ class TaskLoopQuerySet(models.QuerySet):
         pk = self.model._meta.pk
         if not batch or pk is None or not pk.is_relation or pk.remote_field is None:
             return batch
-        target = pk.target_field  # type: ignore[attr-defined]  # a relation's key field (ForeignKey, OneToOneField)
+        target = getattr(pk, "target_field", pk)  # the field the relation points to
         known = set(
             pk.remote_field.model._base_manager.using(self.db)
             .filter(**{f"{target.attname}__in": batch})
@@ -249,8 +250,8 @@ class TaskLoopQuerySet(models.QuerySet):
         unless someone bumps an id while it is held (doloop's locks have no owner).
         """
         # doloop's order of checks: lock_for, min_loop_time, then limit.
-        lock_for = check_seconds(lock_for, "lock_for", positive=True)
-        min_loop_time = check_seconds(min_loop_time, "min_loop_time")
+        lock_for = cast(float, check_seconds(lock_for, "lock_for", positive=True))
+        min_loop_time = cast(float, check_seconds(min_loop_time, "min_loop_time"))
         limit = check_count(limit, "limit")
         self._refuse_sliced("claim")
         if limit == 0:
@@ -340,7 +341,7 @@ class TaskLoopQuerySet(models.QuerySet):
         been bumped that many seconds ago. Bumping an id a worker holds with ``lock_for <= 0``
         lets another worker claim it at once. Return the number of ids bumped.
         """
-        lock_for = check_seconds(lock_for, "lock_for")
+        lock_for = cast(float, check_seconds(lock_for, "lock_for"))
         ids = self._ids(id_or_ids)
         self._refuse_sliced("bump")
         if not ids:
@@ -363,7 +364,7 @@ class TaskLoopQuerySet(models.QuerySet):
         it again, here on the ids a worker still holds (ids unlocked meanwhile, by ``did`` or
         ``unlock``, have no lock and stay untouched). A worker's heartbeat for its ids in flight.
         """
-        lock_for = check_seconds(lock_for, "lock_for", positive=True)
+        lock_for = cast(float, check_seconds(lock_for, "lock_for", positive=True))
         ids = self._ids(id_or_ids)
         self._refuse_sliced("renew")
         if not ids:

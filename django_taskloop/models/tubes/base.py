@@ -30,7 +30,7 @@ from .common import (
     UTUBE_TYPES,
     _slot,
 )
-from .records import Consumer, Task, TubeStat, _beats, _check_task_id
+from .records import Consumer, Task, TaskQuerySet, TubeStat, _beats, _check_task_id
 
 # -- per-process state ---------------------------------------------------------------------
 
@@ -38,7 +38,7 @@ _callbacks: dict[tuple[str, int], Callable[[Task, str], Any]] = {}
 _stale_checks: dict[tuple[str, int], float] = {}
 _due_checks: dict[tuple[str, int], float] = {}
 #: Each tube's base queryset of its tasks, by (database, tube id) (see Tube._tasks).
-_task_querysets: dict[tuple[str, int], models.QuerySet[Task]] = {}
+_task_querysets: dict[tuple[str, int], TaskQuerySet] = {}
 
 
 def _reset_after_fork() -> None:
@@ -86,7 +86,7 @@ class TubeBase(models.Model):
     def _is_utube(self) -> bool:
         return self.type in UTUBE_TYPES
 
-    def _tasks(self) -> models.QuerySet[Task]:
+    def _tasks(self) -> TaskQuerySet:
         """This tube's tasks: a fresh queryset each call (``all()`` of one built once; a
         worker's batches ask for it twice each, and building the filter costs more than
         the statements it names)."""

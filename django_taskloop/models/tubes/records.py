@@ -328,7 +328,7 @@ class _Registration:
 
 class TubeWaiterQuerySet(models.QuerySet["TubeWaiter"]):
     def register(self, tube: models.Model, consumer: str, timeout: float | None) -> _Registration:
-        registration = _Registration(None, timeout, self.db)  # type: ignore[arg-type]
+        registration = _Registration(None, timeout, self.db)  # type: ignore[arg-type]  # its row is made next, from its lease
         registration.row = self.create(
             tube_id=tube.pk, consumer=consumer, until=engine.DbNow(registration._lease())
         )
