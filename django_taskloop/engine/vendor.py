@@ -21,6 +21,8 @@ from django.db.models import DateTimeField, Expression, Index, Q, Value
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from . import compiler
+
 try:
     import fcntl
 except ImportError:  # not a POSIX system: SQLite's busy handler alone
@@ -366,10 +368,8 @@ class NullsFirstIndex(Index):
     def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
         if schema_editor.connection.features.order_by_nulls_first:
             return super().create_sql(model, schema_editor, using=using, **kwargs)
-        from .compiler import index_sql
-
         suffixes = dict.fromkeys(self.nulls_first, "NULLS FIRST")
-        return index_sql(self, model, schema_editor, suffixes, using=using, **kwargs)
+        return compiler.index_sql(self, model, schema_editor, suffixes, using=using, **kwargs)
 
 
 T = TypeVar("T")
