@@ -17,48 +17,32 @@ that a put is one statement: its INSERT.
 
 from __future__ import annotations
 
-from .base import (
-    _callbacks as _callbacks,
-)
-from .base import (
-    _stale_checks as _stale_checks,
-)
-from .common import (
-    _COLUMN as _COLUMN,
-)
-from .common import (
-    BURIED,
-    CALLS,
-    DELAYED,
-    DONE,
-    READY,
-    SLOTS,
-    STORED_STATES,
-    TAKEN,
-    TASK_STATES,
-    TTL_TYPES,
-    TUBE_TYPES,
-    UTUBE_TYPES,
-    default_consumer,
-)
-from .common import (
-    _slot as _slot,
-)
-from .consuming import worth_trying
-from .records import (
-    Consumer,
-    ConsumerQuerySet,
-    Task,
-    TaskQuerySet,
-    TubeStat,
-    TubeStatQuerySet,
-    TubeWaiter,
-    TubeWaiterQuerySet,
-    calls_from,
-)
-from .records import (
-    _beats as _beats,
-)
+# Importable from here as before the split (the tube's modules, its admin, tests and benches
+# use them), but not part of ``django_taskloop.models``' names: see __all__.
+from .base import _callbacks as _callbacks
+from .base import _stale_checks as _stale_checks
+from .common import _COLUMN as _COLUMN
+from .common import BURIED as BURIED
+from .common import CALLS as CALLS
+from .common import DELAYED as DELAYED
+from .common import DONE as DONE
+from .common import READY as READY
+from .common import SLOTS as SLOTS
+from .common import STORED_STATES as STORED_STATES
+from .common import TAKEN as TAKEN
+from .common import TASK_STATES as TASK_STATES
+from .common import TTL_TYPES as TTL_TYPES
+from .common import TUBE_TYPES as TUBE_TYPES
+from .common import UTUBE_TYPES as UTUBE_TYPES
+from .common import _slot as _slot
+from .common import default_consumer
+from .consuming import worth_trying as worth_trying
+from .records import Consumer, Task, TaskQuerySet, TubeStat, TubeWaiter
+from .records import ConsumerQuerySet as ConsumerQuerySet
+from .records import TubeStatQuerySet as TubeStatQuerySet
+from .records import TubeWaiterQuerySet as TubeWaiterQuerySet
+from .records import _beats as _beats
+from .records import calls_from as calls_from
 from .tube import Tube, TubeManager
 
 __all__ = [
@@ -70,21 +54,4 @@ __all__ = [
     "Consumer",
     "TubeWaiter",
     "default_consumer",
-    "worth_trying",
-    "calls_from",
-    "ConsumerQuerySet",
-    "TubeStatQuerySet",
-    "TubeWaiterQuerySet",
-    "TUBE_TYPES",
-    "TTL_TYPES",
-    "UTUBE_TYPES",
-    "READY",
-    "TAKEN",
-    "DONE",
-    "BURIED",
-    "DELAYED",
-    "STORED_STATES",
-    "TASK_STATES",
-    "CALLS",
-    "SLOTS",
 ]
