@@ -36,6 +36,7 @@ from ..validation import (
     check_text,
 )
 from . import operating
+from .entities import _KIND_LENGTH, BoardEntity, BoardEntityManager, BoardEntityQuerySet
 
 __all__ = [
     "JobPriority",
@@ -68,7 +69,6 @@ KEY_NOT_FOUND = -2
 
 _OWNER_LENGTH = 255
 _JOB_NAME_LENGTH = 255
-_KIND_LENGTH = 100
 _PAST = {"abandon": "abandoned", "consume": "consumed", "trash": "trashed"}
 
 
@@ -929,60 +929,3 @@ class ConsumedJob(models.Model):
     def state(self) -> str:
         """Return ``"COMPLETE"``: a consumed job is finished."""
         return COMPLETE
-
-
-class BoardEntityQuerySet(models.QuerySet):
-    """Registered entities, alive or stale by their last heartbeat."""
-
-    def stale(self, timeout: float | None = None) -> Self:
-        """Entities not seen for ``timeout`` seconds (default ``TASKLOOP["ENTITY_TIMEOUT"]``)."""
-        timeout = self._timeout(timeout)
-        return self.filter(last_seen__lte=engine.DbNow(-timeout))
-
-    def alive(self, timeout: float | None = None) -> Self:
-        """Entities seen within ``timeout`` seconds (default ``TASKLOOP["ENTITY_TIMEOUT"]``)."""
-        timeout = self._timeout(timeout)
-        return self.filter(last_seen__gt=engine.DbNow(-timeout))
-
-    @staticmethod
-    def _timeout(timeout: float | None) -> float:
-        if timeout is None:
-            return float(setting("ENTITY_TIMEOUT"))
-        return check_seconds(timeout, "timeout", non_negative=True)  # type: ignore[return-value]
-
-
-class BoardEntityManager(models.Manager.from_queryset(BoardEntityQuerySet)):  # type: ignore[misc]
-    """Manager of :class:`BoardEntity`: ``stale()`` and ``alive()``."""
-
-
-class BoardEntity(models.Model):
-    """A liveness record (e.g. a conductor) registered on a board, with a heartbeat."""
-
-    board = models.ForeignKey(JobBoard, on_delete=models.CASCADE, related_name="entities", db_index=False)
-    kind = models.CharField(max_length=_KIND_LENGTH)
-    name = models.CharField(max_length=_OWNER_LENGTH)
-    metadata = models.JSONField(default=dict, blank=True)
-    registered_on = models.DateTimeField(editable=False)
-    last_seen = models.DateTimeField(editable=False)
-
-    objects = BoardEntityManager()
-
-    class Meta:
-        app_label = "django_taskloop"
-        db_table = "taskloop_board_entity"
-        ordering = ["kind", "name"]
-        verbose_name_plural = "board entities"
-        constraints = [
-            models.UniqueConstraint(fields=["board", "kind", "name"], name="taskloop_entity_uniq"),
-        ]
-        indexes = [models.Index(fields=["last_seen"], name="taskloop_entity_seen_idx")]
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.name}"
-
-    def is_stale(self, timeout: float | None = None) -> bool:
-        """Say whether this entity's last heartbeat is older than ``timeout`` (database clock)."""
-        entities = BoardEntity.objects.db_manager(
-            self._state.db or router.db_for_read(BoardEntity, instance=self)
-        ).filter(pk=self.pk)
-        return entities.stale(timeout).exists()
