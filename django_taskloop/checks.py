@@ -7,26 +7,26 @@ from typing import Any
 from django.core import checks
 from django.db import connections
 
+from . import engine
+
 
 @checks.register(checks.Tags.database)
 def check_skip_locked(databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """taskloop.E001: MySQL/MariaDB must support ``SKIP LOCKED``."""
     errors: list[checks.CheckMessage] = []
     for alias in databases or []:
-        connection = connections[alias]
-        if connection.vendor == "sqlite":
-            continue
-        if connection.vendor not in ("mysql", "postgresql"):
+        if not engine.supported(alias):
             errors.append(
                 checks.Error(
-                    f"Database {alias!r} ({connection.vendor}) is not supported by django-taskloop.",
+                    f"Database {alias!r} ({connections[alias].display_name}) is not supported by django-taskloop.",
                     hint="Use SQLite, MySQL 8.0.1+, MariaDB 10.6+ or PostgreSQL 14+.",
                     id="taskloop.E002",
                 )
             )
             continue
-        connection.ensure_connection()
-        if not connection.features.has_select_for_update_skip_locked:
+        features = engine.features(alias)
+        # SQLite never row-locks (a writer takes the whole database): nothing to skip.
+        if not features.write_lock_first and not features.skip_locked:
             errors.append(
                 checks.Error(
                     f"Database {alias!r} does not support SELECT … FOR UPDATE SKIP LOCKED.",

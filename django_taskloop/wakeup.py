@@ -26,8 +26,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import connections
-
+from . import engine
 from .conf import setting
 from .engine import data_files, features
 
@@ -71,9 +70,7 @@ def channel(tube_id: int) -> str:
 
 def send_notify(using: str, tube_id: int) -> None:
     """Inside a transaction on PostgreSQL, wake other processes' waiters at its commit."""
-    if features(using).notify:
-        with connections[using].cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [channel(tube_id)])
+    engine.send_notify(using, channel(tube_id))
 
 
 class Waiter:
@@ -181,7 +178,7 @@ class _Listener:
     def __init__(self, using: str) -> None:
         self.using = using
         self.users = 0  # the waiters using it now
-        self.params = _connection_params(using)
+        self.params = engine.listen_params(using)
         self.conn: Any = None
         self.healthy = False
         # The last attempt to open the connection or to listen failed (until one succeeds).
@@ -269,9 +266,7 @@ class _Listener:
         return fd is not None and fd in ready
 
     def _open(self) -> None:
-        import psycopg
-
-        conn = psycopg.connect(**self.params, autocommit=True)
+        conn = engine.listen_connection(self.params)
         with self.changed:
             self.conn = conn
             self.listening = set()
@@ -282,7 +277,7 @@ class _Listener:
         if not pending:
             return False
         for name in pending:
-            self.conn.execute(f'LISTEN "{name}"')
+            engine.listen(self.conn, name)
         with self.changed:
             recovered = self.failing
             self.listening.update(pending)
@@ -356,13 +351,6 @@ def close_listeners() -> None:
             del _listeners[listener.using]
     for listener in listeners:
         listener.close()
-
-
-def _connection_params(using: str) -> dict[str, Any]:
-    params = dict(connections[using].get_connection_params())
-    for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
-        params.pop(key, None)
-    return params
 
 
 def _reset_after_fork() -> None:

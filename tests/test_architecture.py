@@ -37,6 +37,9 @@ ALLOWED = {
     "the engine owns Django internals",
     ("validation.py", "_iterable_class"): "Django's QuerySet._iterable_class: the only way to "
     "tell a values()/values_list() queryset from one of model instances",
+    ("engine/compiler.py", "_create_index_sql"): "Django's BaseDatabaseSchemaEditor._create_index_sql: "
+    "the only way to give an index's columns a suffix (NULLS FIRST) in the backend's own CREATE INDEX; "
+    "the engine's compiler module is the one place for Django internals",
     ("migrations/", "_new_id"): "a migration freezes the dotted path of a field's default "
     "callable (models.results._new_id); renaming it would break the migration",
 }
@@ -147,3 +150,194 @@ def test_the_rule_catches_a_private_door(tmp_path):
         "tube._take",
         "getattr(board, '_alias')",
     ]
+
+
+# -- the engine owns every statement and every vendor difference --------------------------------
+#
+# Outside ``django_taskloop/engine/`` (and the generated migrations) no module may hold raw SQL,
+# open a cursor, execute on a connection, branch on the database vendor, or reach Django's
+# private query/compiler machinery; inside the engine, that machinery is used by one module,
+# ``engine/compiler.py``, so that a Django upgrade touches one file. The test reads the source
+# with ``ast`` (nothing is imported) and fails on:
+#
+# - a string literal (or f-string) that is an SQL statement or clause: it *starts* with a
+#   statement's keywords (``SELECT … FROM``, ``INSERT INTO``, ``UPDATE … SET``, ``DELETE
+#   FROM``, ``CREATE INDEX``, ``LISTEN``, ``NOTIFY``, ``VACUUM``, ``WITH x AS (`` …, in capitals,
+#   as SQL is written here), or names a server catalogue or function (``pg_notify(``,
+#   ``pg_class``, ``information_schema``); docstrings are skipped, and a message that mentions
+#   ``SELECT … FOR UPDATE`` mid-sentence is not a statement;
+# - ``x.cursor(…)``; ``x.execute(…)``/``executemany`` on a cursor or connection (a receiver
+#   named like one) or with an SQL literal; ``x.vendor`` (but ``engine.vendor``, the module); a
+#   comparison with a vendor's name (``"postgresql"``, ``"mysql"``, ``"sqlite"``);
+# - Django's compiler internals: imports from ``django.db.models.sql``, and ``_raw_delete``,
+#   ``get_compiler``, ``_create_index_sql``, ``create_cursor``, ``InsertQuery``/``UpdateQuery``.
+
+import re  # noqa: E402
+
+#: How an SQL statement or clause starts (case-sensitive: keywords in capitals).
+_SQL_START = re.compile(
+    r"""^\s*\(?\s*(
+        SELECT\s.+\sFROM\s | SELECT\s+\w+\( | INSERT\s+(INTO|IGNORE|OR\s+IGNORE)\b | UPDATE\s+\S+\s+SET\b
+        | DELETE\s+FROM\b | (CREATE|DROP)\s+(UNIQUE\s+)?(TABLE|INDEX|VIEW|TRIGGER)\b | ALTER\s+TABLE\b
+        | TRUNCATE\s | (UN)?LISTEN\s | NOTIFY\s | VACUUM\b | ANALYZE\s | EXPLAIN\s | LOCK\s+TABLE
+        | WITH\s+\w+\s+AS\s*\( | PRAGMA\s | SET\s+(SESSION|LOCAL|TRANSACTION)\b
+        | NULLS\s+(FIRST|LAST)\b | ON\s+CONFLICT\b | FOR\s+UPDATE\b | RETURNING\s | (INNER|LEFT)\s+JOIN\s
+    )""",
+    re.VERBOSE | re.DOTALL,
+)
+#: Server catalogues and functions: SQL wherever they appear in a literal.
+_SQL_ANYWHERE = re.compile(
+    r"\bpg_(notify|class|stat\w*|advisory\w*)\b|\binformation_schema\b|\bsqlite_master\b"
+)
+_VENDORS = {"postgresql", "mysql", "sqlite", "oracle"}
+_COMPILER_NAMES = {
+    "_raw_delete",
+    "get_compiler",
+    "_create_index_sql",
+    "create_cursor",
+    "InsertQuery",
+    "UpdateQuery",
+}
+
+#: (where, what): the few places that may, with why.
+SQL_ALLOWED: dict[tuple[str, str], str] = {}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """``id()`` of every docstring node (module, class, function)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _literal_text(node: ast.AST) -> str | None:
+    """A string literal's text (an f-string's with ``{}`` for its holes), else ``None``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return None
+
+
+def _is_sql(text: str) -> bool:
+    return bool(_SQL_START.match(text) or _SQL_ANYWHERE.search(text))
+
+
+def _sql_offences(tree: ast.AST, in_compiler: bool = False) -> list[tuple[int, str]]:
+    """``(line, what)`` for every statement, cursor, vendor branch or compiler internal."""
+    found: list[tuple[int, str]] = []
+    skip = _docstrings(tree)
+    inside_fstring = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    for node in ast.walk(tree):
+        text = None if id(node) in skip or id(node) in inside_fstring else _literal_text(node)
+        if text is not None and _is_sql(text):
+            found.append((node.lineno, f"SQL {text.strip()[:50]!r}"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name, receiver = node.func.attr, ast.unparse(node.func.value)
+            sql_arg = bool(node.args) and _is_sql(_literal_text(node.args[0]) or "")
+            if name == "cursor" or (
+                name in ("execute", "executemany") and (re.search(r"cursor|conn", receiver, re.I) or sql_arg)
+            ):
+                found.append((node.lineno, f"{receiver}.{name}()"))
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "vendor"
+            and not ast.unparse(node.value).endswith("engine")
+        ):
+            found.append((node.lineno, f"{ast.unparse(node)} (a vendor branch)"))
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            names = {e.value for s in sides for e in ast.walk(s) if isinstance(e, ast.Constant)}
+            if names & _VENDORS:
+                found.append((node.lineno, f"{ast.unparse(node)} (a vendor branch)"))
+        if in_compiler:
+            continue
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("django.db.models.sql"):
+            found.append((node.lineno, f"from {node.module} import … (Django's compiler internals)"))
+        elif isinstance(node, ast.Attribute) and node.attr in _COMPILER_NAMES:
+            found.append((node.lineno, f"{ast.unparse(node)} (Django's compiler internals)"))
+        elif isinstance(node, ast.Name) and node.id in _COMPILER_NAMES:
+            found.append((node.lineno, f"{node.id} (Django's compiler internals)"))
+    return sorted(set(found))
+
+
+def sql_outside_engine(package: Path = PACKAGE) -> tuple[list[str], set[tuple[str, str]]]:
+    """Return the offences (SQL, cursors, vendor branches outside ``engine/``; Django's
+    compiler internals outside ``engine/compiler.py``) and the allow-list entries used."""
+    offences, used = [], set()
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative.startswith("migrations/"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        found = _sql_offences(tree, in_compiler=relative == "engine/compiler.py")
+        if relative.startswith("engine/"):
+            # The engine owns SQL and vendors; only its compiler module reaches Django's internals.
+            found = [(line, what) for line, what in found if "compiler internals" in what]
+        for line, what in found:
+            entry = next((e for e in SQL_ALLOWED if relative.startswith(e[0]) and e[1] in what), None)
+            if entry is not None:
+                used.add(entry)
+                continue
+            offences.append(f"django_taskloop/{relative}:{line}: {what}")
+    return offences, used
+
+
+def test_only_the_engine_holds_sql_and_vendor_branches():
+    offences, _used = sql_outside_engine()
+    assert not offences, (
+        f"{len(offences)} place(s) hold SQL, a cursor, a vendor branch or Django's compiler internals "
+        "outside the engine (or its compiler module); give the engine a function instead:\n"
+        + "\n".join(offences)
+    )
+
+
+def test_sql_allow_list_is_as_short_as_it_can_be():
+    _offences, used = sql_outside_engine()
+    assert used == set(SQL_ALLOWED), f"allow-list entries no longer needed: {sorted(set(SQL_ALLOWED) - used)}"
+
+
+def test_the_sql_rule_catches_statements_cursors_and_vendors_but_not_prose(tmp_path):
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "vendor.py").write_text(
+        'def f(c):\n    c.cursor().execute("SELECT 1 FROM t")\n    return c.vendor == "sqlite"\n'
+    )
+    (tmp_path / "engine" / "claim.py").write_text("def f(q):\n    return q._raw_delete(q.db)\n")
+    (tmp_path / "edge.py").write_text(
+        '"""SELECT x FROM y in a module docstring is prose."""\n'
+        "import logging\n"
+        "from django.db.models.sql import InsertQuery\n"
+        "from . import engine\n"
+        "def f(connection, conn, table, backend, q):\n"
+        '    """DELETE FROM t in a docstring is prose too."""\n'
+        '    logging.warning("the select for update failed; UPDATE the server")\n'
+        '    message = "Database does not support SELECT … FOR UPDATE SKIP LOCKED."\n'
+        "    backend.execute(1, 'x')\n"
+        "    engine.vendor.features('default')\n"
+        "    with connection.cursor() as cursor:\n"
+        '        cursor.execute("SELECT reltuples FROM pg_class WHERE oid = %s", [table])\n'
+        "    conn.execute(f'LISTEN \"{table}\"')\n"
+        "    if connection.vendor == 'postgresql':\n"
+        '        sql = f"INSERT INTO {table} (a) VALUES (%s)"\n'
+        "    suffix = 'NULLS FIRST'\n"
+        "    return q._raw_delete(q.db), message\n"
+    )
+    offences, _used = sql_outside_engine(tmp_path)
+    assert [o.split(": ", 1)[1] for o in offences] == [
+        "from django.db.models.sql import … (Django's compiler internals)",
+        "connection.cursor()",
+        "SQL 'SELECT reltuples FROM pg_class WHERE oid = %s'",
+        "cursor.execute()",
+        "SQL 'LISTEN \"{}\"'",
+        "conn.execute()",
+        "connection.vendor (a vendor branch)",
+        "connection.vendor == 'postgresql' (a vendor branch)",
+        "SQL 'INSERT INTO {} (a) VALUES (%s)'",
+        "SQL 'NULLS FIRST'",
+        "q._raw_delete (Django's compiler internals)",
+        "q._raw_delete (Django's compiler internals)",  # engine/claim.py: not the compiler module
+    ], offences

@@ -253,7 +253,7 @@ def test_consume_many_of_a_lapsed_claim_that_someone_took_over(board):
 
 def test_consume_many_in_chunks(board, monkeypatch):
     real = engine.features
-    monkeypatch.setattr(engine, "features", lambda using: dataclasses.replace(real(using), max_params=7))
+    monkeypatch.setattr(engine.vendor, "features", lambda u: dataclasses.replace(real(u), max_params=7))
     post_many(board, 40)
     jobs = board.claim_many("ann", 40)
     assert len(jobs) == 40

@@ -311,7 +311,7 @@ def test_a_first_batch_that_acknowledges_before_it_ever_claimed_in_bulk():
     assert acked == 2 and len(taken) == 5 and {t.owner for t in taken} == {"z"}
 
 
-# -- kept statements are sent on a kept cursor (engine._send) ----------------------------------
+# -- kept statements are sent on a kept cursor (engine.compiler.send) ----------------------------------
 
 
 def test_kept_statements_share_one_cursor_per_connection_and_make_a_new_one_after_a_reconnect(vendor):
@@ -339,7 +339,7 @@ def test_statements_on_the_kept_cursor_raise_djangos_errors():
     with pytest.raises(IntegrityError):
         # A task of a tube that does not exist: the foreign key refuses it at once outside a
         # transaction (Django's IntegrityError, not the driver's).
-        engine._send(
+        engine.compiler.send(
             connection,
             f"INSERT INTO {Task._meta.db_table} (tube_id, state, pri, created, attempts) "
             "VALUES (%s, %s, %s, %s, %s)",
@@ -347,7 +347,7 @@ def test_statements_on_the_kept_cursor_raise_djangos_errors():
             "rowcount",
         )
     with pytest.raises(DatabaseError) as caught:
-        engine._send(connection, "SELECT no_such_column FROM taskloop_tube", [])
+        engine.compiler.send(connection, "SELECT no_such_column FROM taskloop_tube", [])
     assert type(caught.value).__module__ == "django.db.utils"
 
 

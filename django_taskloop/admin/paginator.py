@@ -4,42 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.paginator import Paginator
-from django.db import connections
+from django.core.paginator import Page, Paginator
+from django.db.models import QuerySet
 from django.utils.functional import cached_property
+
+from .. import engine
 
 __all__ = ["EstimatedCountPaginator", "estimated_row_count"]
 
 
-def _estimate_postgresql(cursor: Any, table: str) -> int | None:
-    # reltuples is -1 before the first VACUUM/ANALYZE: then we do not know.
-    cursor.execute("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", [table])
-    row = cursor.fetchone()
-    return int(row[0]) if row and row[0] is not None and row[0] >= 0 else None
-
-
-def _estimate_mysql(cursor: Any, table: str) -> int | None:
-    cursor.execute(
-        "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
-        [table],
-    )
-    row = cursor.fetchone()
-    return int(row[0]) if row and row[0] is not None else None
-
-
-# Only the servers that keep table statistics; SQLite has none worth reading, so it is counted
-# (capped) instead. Keyed by vendor here because this is a display estimate, not engine policy.
-_ESTIMATORS = {"postgresql": _estimate_postgresql, "mysql": _estimate_mysql}
-
-
 def estimated_row_count(model: Any, using: str) -> int | None:
-    """Return the table statistics' row count of ``model`` on ``using``, or ``None`` if unknown."""
-    connection = connections[using]
-    estimator = _ESTIMATORS.get(connection.vendor)
-    if estimator is None:
-        return None
-    with connection.cursor() as cursor:
-        return estimator(cursor, model._meta.db_table)
+    """Return the table statistics' row count of ``model`` on ``using``, or ``None`` if unknown
+    (SQLite keeps none worth reading: its lists are counted, capped, instead)."""
+    return engine.estimated_row_count(model._meta.db_table, using)
 
 
 class EstimatedCountPaginator(Paginator):
@@ -62,7 +39,7 @@ class EstimatedCountPaginator(Paginator):
     @cached_property
     def count(self) -> int:
         object_list = self.object_list
-        if not hasattr(object_list, "query"):
+        if not isinstance(object_list, QuerySet):
             return len(object_list)
         capped = object_list.order_by()[: self.exact_limit + 1].count()
         if capped <= self.exact_limit:
@@ -91,4 +68,4 @@ class EstimatedCountPaginator(Paginator):
             return super().page(number)
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
-        return self._get_page(self.object_list[bottom : bottom + self.per_page], number, self)
+        return Page(self.object_list[bottom : bottom + self.per_page], number, self)

@@ -9,17 +9,19 @@ from __future__ import annotations
 import datetime as dt
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import connections
-from django.db.models import DateTimeField, Expression, Index, Q
+from django.db.models import DateTimeField, Expression, Index, Q, Value
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+
+from . import compiler
 
 try:
     import fcntl
@@ -100,7 +102,7 @@ class DbNow(Expression):
     def __repr__(self) -> str:
         return f"DbNow({self.seconds!r})"
 
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:
         raise NotImplementedError(f"django-taskloop does not support the {connection.vendor} database")
 
     def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
@@ -120,6 +122,48 @@ class DbNow(Expression):
         # padding to six digits matches what Django writes for Python datetimes, so both sort
         # alike within the same millisecond.
         return "(STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')", [f"{self.seconds:+.3f} seconds"]
+
+
+class Shifted(Expression):
+    """``base`` (a datetime expression, default the database clock) plus ``seconds``.
+
+    ``seconds`` is a number or a float expression (a column). ``DbNow(seconds)`` takes only a
+    constant; a tube task's deadline at take time is now plus *its own* ttr, and touch moves
+    stored deadlines, so these need a column on either side.
+    """
+
+    output_field = DateTimeField()
+
+    def __init__(self, seconds: Any, base: Any = None) -> None:
+        super().__init__(output_field=DateTimeField())
+        self.base = base if base is not None else DbNow()
+        self.seconds = seconds if hasattr(seconds, "resolve_expression") else Value(float(seconds))
+
+    def get_source_expressions(self) -> list[Any]:
+        return [self.base, self.seconds]
+
+    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
+        self.base, self.seconds = exprs
+
+    def _parts(self, compiler: Any) -> tuple[str, str, list[Any]]:
+        base_sql, base_params = compiler.compile(self.base)
+        sec_sql, sec_params = compiler.compile(self.seconds)
+        return base_sql, sec_sql, [*base_params, *sec_params]
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:
+        raise NotImplementedError(f"django-taskloop does not support the {connection.vendor} database")
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        base, sec, params = self._parts(compiler)
+        return f"({base} + make_interval(secs => ({sec})::double precision))", params
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        base, sec, params = self._parts(compiler)
+        return f"({base} + INTERVAL ROUND(({sec}) * 1000000) MICROSECOND)", params
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        base, sec, params = self._parts(compiler)
+        return f"STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', {base}, printf('%%+.3f seconds', {sec}))", params
 
 
 def to_datetime(value: Any) -> dt.datetime:
@@ -283,7 +327,7 @@ class PartialIndex(Index):
         kwargs["where"] = self.where
         if self.unique:
             kwargs["unique"] = True
-        return path, args, kwargs
+        return path, tuple(args), kwargs
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -307,3 +351,98 @@ class PartialIndex(Index):
             return super().create_sql(model, schema_editor, using=using, **kwargs)
         finally:
             self.condition = None
+
+
+class NullsFirstIndex(Index):
+    """An index whose columns named in ``nulls_first`` sort NULLs first on every database.
+
+    Where NULLs sort last by default (PostgreSQL) those columns are indexed ``NULLS FIRST``,
+    so that an ``ORDER BY … NULLS FIRST`` reads the index in order. Plain column indexes
+    everywhere else: MariaDB has no functional indexes, and SQLite and MySQL already sort
+    NULLs first. A subclass names its columns (a class attribute, so that migrations need
+    no new argument).
+    """
+
+    nulls_first: tuple[str, ...] = ()
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        if schema_editor.connection.features.order_by_nulls_first:
+            return super().create_sql(model, schema_editor, using=using, **kwargs)
+        suffixes = dict.fromkeys(self.nulls_first, "NULLS FIRST")
+        return compiler.index_sql(self, model, schema_editor, suffixes, using=using, **kwargs)
+
+
+T = TypeVar("T")
+
+
+def batched(values: Sequence[T], using: str, per_row: int = 1) -> Iterator[Sequence[T]]:
+    """Yield ``values`` in slices small enough for one statement on database ``using``."""
+    size = max(1, features(using).max_params // max(1, per_row))
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+#: The databases django-taskloop runs on (``connection.vendor``).
+SUPPORTED = ("sqlite", "mysql", "postgresql")
+
+
+def supported(using: str) -> bool:
+    """Say whether django-taskloop runs on database ``using`` at all (see :data:`SUPPORTED`;
+    a server must also have ``SKIP LOCKED``: :attr:`Features.skip_locked`)."""
+    return connections[using].vendor in SUPPORTED
+
+
+# -- table statistics ---------------------------------------------------------------------------
+
+#: What the servers that keep table statistics say about a table's row count; SQLite has none
+#: worth reading (then a page counts, capped, instead).
+_ROW_ESTIMATES = {
+    # reltuples is -1 before the first VACUUM/ANALYZE: then we do not know.
+    "postgresql": "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
+    "mysql": "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
+    "AND TABLE_NAME = %s",
+}
+
+
+def estimated_row_count(table: str, using: str) -> int | None:
+    """Return the table statistics' row count of ``table`` on ``using``, or ``None`` if unknown."""
+    connection = connections[using]
+    sql = _ROW_ESTIMATES.get(connection.vendor)
+    if sql is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [table])
+        row = cursor.fetchone()
+    return int(row[0]) if row and row[0] is not None and row[0] >= 0 else None
+
+
+# -- LISTEN / NOTIFY (PostgreSQL) ----------------------------------------------------------------
+
+
+def send_notify(using: str, channel: str) -> None:
+    """Send a ``NOTIFY`` on ``channel`` in the current transaction (heard at its commit);
+    nothing where the database has no notifications."""
+    if features(using).notify:
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [channel])
+
+
+def listen_params(using: str) -> dict[str, Any]:
+    """What :func:`listen_connection` needs to open a connection to database ``using``."""
+    params = dict(connections[using].get_connection_params())
+    for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+        params.pop(key, None)
+    return params
+
+
+def listen_connection(params: dict[str, Any]) -> Any:
+    """Open a connection of its own (PostgreSQL, :func:`listen_params`) in autocommit, for
+    :func:`listen` and its notifications (``conn.notifies()``)."""
+    import psycopg
+
+    return psycopg.connect(**params, autocommit=True)
+
+
+def listen(conn: Any, channel: str) -> None:
+    """``LISTEN`` on ``channel`` on ``conn`` (a :func:`listen_connection`)."""
+    conn.execute(f'LISTEN "{channel}"')

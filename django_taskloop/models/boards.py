@@ -14,11 +14,9 @@ with no reaper; ``Job.objects.reap_expired()`` only tidies the columns up.
 from __future__ import annotations
 
 import enum
-import math
-import time
 import uuid as uuid_module
 from collections.abc import Iterable, Iterator
-from typing import Any, Self
+from typing import Any, Self, cast
 
 from django.core.validators import RegexValidator
 from django.db import IntegrityError, connections, models, router, transaction
@@ -26,7 +24,7 @@ from django.db.models import BooleanField, Case, F, Q, Value, When
 
 from .. import engine
 from ..conf import setting
-from ..exceptions import JobFailure, NotFound, TaskloopError, UnclaimableJob
+from ..exceptions import JobFailure, NotFound, UnclaimableJob
 from ..signals import job_posted, job_removed
 from ..validation import (
     check_bool,
@@ -38,6 +36,7 @@ from ..validation import (
     check_text,
 )
 from . import operating
+from .entities import _KIND_LENGTH, BoardEntity, BoardEntityManager, BoardEntityQuerySet
 
 __all__ = [
     "JobPriority",
@@ -70,7 +69,6 @@ KEY_NOT_FOUND = -2
 
 _OWNER_LENGTH = 255
 _JOB_NAME_LENGTH = 255
-_KIND_LENGTH = 100
 _PAST = {"abandon": "abandoned", "consume": "consumed", "trash": "trashed"}
 
 
@@ -196,6 +194,11 @@ def _live_claim() -> Q:
     )
 
 
+def _live_claim_flag() -> Case:
+    """Whether a job is under a live claim, as a column."""
+    return Case(When(_live_claim(), then=Value(True)), default=Value(False), output_field=BooleanField())
+
+
 class _NotAllHeld(Exception):
     """An optimistic ``consume_many`` found a job that its caller no longer holds."""
 
@@ -217,30 +220,6 @@ def _keep_history(rows: list[Job], who: str, using: str) -> None:
             for row in rows
         ]
     )
-
-
-def _wait_in_atomic_block(using: str, what: str) -> None:
-    if connections[using].in_atomic_block:
-        raise TaskloopError(
-            f"{what} with a timeout cannot run inside atomic(): it would never see the commit it waits for"
-        )
-
-
-def _poll(until: Any, timeout: float | None) -> bool:
-    """Call ``until()`` with backoff until it is true (``True``) or ``timeout`` passes (``False``).
-
-    The state is checked before the clock, so a zero timeout still looks once.
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    delay = setting("POLL_MIN")
-    while True:
-        if until():
-            return True
-        left = math.inf if deadline is None else deadline - time.monotonic()
-        if left <= 0:
-            return False
-        time.sleep(min(delay, left))
-        delay = min(delay * setting("POLL_FACTOR"), setting("POLL_MAX"))
 
 
 # -- boards ----------------------------------------------------------------------------------
@@ -328,11 +307,7 @@ class JobBoard(models.Model):
         return (
             self._jobs()
             .select_for_update()
-            .annotate(
-                live_claim=Case(
-                    When(_live_claim(), then=Value(True)), default=Value(False), output_field=BooleanField()
-                )
-            )
+            .annotate(live_claim=_live_claim_flag())
             .filter(uuid=job_uuid)
             .first()
         )
@@ -380,7 +355,7 @@ class JobBoard(models.Model):
                 uuid=str(uuid_module.uuid4()),
                 name=name,
                 details=details,
-                priority=priority,
+                priority=priority,  # type: ignore[misc]  # PriorityField takes a JobPriority; django-stubs sees its integer base
                 created_on=now,
                 last_modified=now,
             )
@@ -595,7 +570,7 @@ class JobBoard(models.Model):
         """
         uuids, _ = _job_uuids(jobs)
         who = check_owner(who, "who", max_length=_OWNER_LENGTH)
-        seconds = check_seconds(seconds, "seconds", positive=True)
+        seconds = cast(float, check_seconds(seconds, "seconds", positive=True))  # never None here
         using = self._alias
         if not uuids:
             return 0
@@ -718,9 +693,7 @@ class JobBoard(models.Model):
         Raise ``NotFound`` if none arrives within ``timeout`` seconds (``None``: forever).
         """
         timeout = _check_timeout(timeout)
-        if timeout is None or timeout > 0:
-            _wait_in_atomic_block(self._alias, "board.wait()")
-        if not _poll(lambda: self._jobs().exists(), timeout):
+        if not engine.poll(lambda: self._jobs().exists(), timeout, using=self._alias, what="board.wait()"):
             raise NotFound(
                 f"expired waiting for jobs to arrive on board {self.name!r}; waited {timeout} seconds"
             )
@@ -883,6 +856,8 @@ class Job(models.Model):
     reposted_as = models.CharField(max_length=36, null=True, blank=True, editable=False)
     #: Times the job has been claimed (workers trash it after TASKLOOP["MAX_ATTEMPTS"] failures).
     attempts = models.PositiveIntegerField(default=0, editable=False)
+    #: Not a column: a row read under its lock with its claim's liveness (JobBoard._locked_job).
+    live_claim: bool
 
     objects = JobManager()
 
@@ -911,12 +886,7 @@ class Job(models.Model):
         return (
             Job.objects.db_manager(self._alias)
             .filter(pk=self.pk)
-            .annotate(
-                live_claim=Case(
-                    When(_live_claim(), then=Value(True)), default=Value(False), output_field=BooleanField()
-                ),
-                db_now=engine.DbNow(),
-            )
+            .annotate(live_claim=_live_claim_flag(), db_now=engine.DbNow())
             .values("trashed", "claimed_by", "claim_expires_at", "live_claim", "db_now")
             .first()
         )
@@ -955,7 +925,7 @@ class Job(models.Model):
         A claim made without an expiry gets one. Expired, abandoned and finished jobs give
         ``False``.
         """
-        seconds = check_seconds(seconds, "seconds", positive=True)
+        seconds = cast(float, check_seconds(seconds, "seconds", positive=True))  # never None here
         using = self._alias
 
         def work() -> bool:
@@ -970,9 +940,7 @@ class Job(models.Model):
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until this job is COMPLETE (``True``) or ``timeout`` seconds pass (``False``)."""
         timeout = _check_timeout(timeout)
-        if timeout is None or timeout > 0:
-            _wait_in_atomic_block(self._alias, "job.wait()")
-        return _poll(lambda: self.state == COMPLETE, timeout)
+        return engine.poll(lambda: self.state == COMPLETE, timeout, using=self._alias, what="job.wait()")
 
 
 class ConsumedJob(models.Model):
@@ -1006,60 +974,3 @@ class ConsumedJob(models.Model):
     def state(self) -> str:
         """Return ``"COMPLETE"``: a consumed job is finished."""
         return COMPLETE
-
-
-class BoardEntityQuerySet(models.QuerySet):
-    """Registered entities, alive or stale by their last heartbeat."""
-
-    def stale(self, timeout: float | None = None) -> Self:
-        """Entities not seen for ``timeout`` seconds (default ``TASKLOOP["ENTITY_TIMEOUT"]``)."""
-        timeout = self._timeout(timeout)
-        return self.filter(last_seen__lte=engine.DbNow(-timeout))
-
-    def alive(self, timeout: float | None = None) -> Self:
-        """Entities seen within ``timeout`` seconds (default ``TASKLOOP["ENTITY_TIMEOUT"]``)."""
-        timeout = self._timeout(timeout)
-        return self.filter(last_seen__gt=engine.DbNow(-timeout))
-
-    @staticmethod
-    def _timeout(timeout: float | None) -> float:
-        if timeout is None:
-            return float(setting("ENTITY_TIMEOUT"))
-        return check_seconds(timeout, "timeout", non_negative=True)  # type: ignore[return-value]
-
-
-class BoardEntityManager(models.Manager.from_queryset(BoardEntityQuerySet)):  # type: ignore[misc]
-    """Manager of :class:`BoardEntity`: ``stale()`` and ``alive()``."""
-
-
-class BoardEntity(models.Model):
-    """A liveness record (e.g. a conductor) registered on a board, with a heartbeat."""
-
-    board = models.ForeignKey(JobBoard, on_delete=models.CASCADE, related_name="entities", db_index=False)
-    kind = models.CharField(max_length=_KIND_LENGTH)
-    name = models.CharField(max_length=_OWNER_LENGTH)
-    metadata = models.JSONField(default=dict, blank=True)
-    registered_on = models.DateTimeField(editable=False)
-    last_seen = models.DateTimeField(editable=False)
-
-    objects = BoardEntityManager()
-
-    class Meta:
-        app_label = "django_taskloop"
-        db_table = "taskloop_board_entity"
-        ordering = ["kind", "name"]
-        verbose_name_plural = "board entities"
-        constraints = [
-            models.UniqueConstraint(fields=["board", "kind", "name"], name="taskloop_entity_uniq"),
-        ]
-        indexes = [models.Index(fields=["last_seen"], name="taskloop_entity_seen_idx")]
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.name}"
-
-    def is_stale(self, timeout: float | None = None) -> bool:
-        """Say whether this entity's last heartbeat is older than ``timeout`` (database clock)."""
-        entities = BoardEntity.objects.db_manager(
-            self._state.db or router.db_for_read(BoardEntity, instance=self)
-        ).filter(pk=self.pk)
-        return entities.stale(timeout).exists()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Any, Self, cast
 
 from django.db import models
 from django.db.models import Q
@@ -23,9 +23,12 @@ class LockableQuerySet(models.QuerySet):
         ``owner`` already holds are included and their lease renewed; rows that others hold
         with an unexpired lease are skipped.
         """
-        owner = check_owner(owner, "owner", max_length=self.model._meta.get_field("locked_by").max_length)
+        locked_by = self.model._meta.get_field("locked_by")
+        assert isinstance(locked_by, models.CharField) and locked_by.max_length is not None
+        owner = check_owner(owner, "owner", max_length=locked_by.max_length)
         limit = check_count(limit, "limit", minimum=1)
-        lock_for = check_seconds(lock_for, "lock_for", positive=True)
+        # (Without allow_none, check_seconds never gives None.)
+        lock_for = cast(float, check_seconds(lock_for, "lock_for", positive=True))
         if self.query.is_sliced:
             raise TypeError("claim() cannot be used on a sliced queryset; pass limit instead")
         order = list(self.query.order_by or self.model._meta.ordering or [])

@@ -18,15 +18,13 @@ never-updated first, then id), then new rows (by id), then idle rows not updated
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, Self, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Self, TypeVar, cast
 
 from django.core.exceptions import ValidationError
-from django.db import connections, models, transaction
+from django.db import models, transaction
 from django.db.models import Count, F, Max, Min, Q, QuerySet
 from django.db.models.base import ModelBase
-from django.db.models.constants import OnConflict
-from django.db.models.sql import InsertQuery
 
 from .. import engine
 from ..validation import as_id_list, check_count, check_seconds
@@ -43,30 +41,15 @@ ONE_HOUR = 3600
 CLAIM_ORDER = ("lock_until", F("last_updated").asc(nulls_first=True), "pk")
 
 
-class TaskLoopIndex(models.Index):
+class TaskLoopIndex(engine.NullsFirstIndex):
     """The index behind the claim order: ``(lock_until, last_updated NULLS FIRST, id)``.
 
     On databases that sort NULLs last by default (PostgreSQL), ``last_updated`` is indexed
-    ``NULLS FIRST`` so that the index matches :data:`CLAIM_ORDER` exactly. Plain column
-    indexes everywhere else: MariaDB has no functional indexes, and SQLite and MySQL already
-    sort NULLs first.
+    ``NULLS FIRST`` so that the index matches :data:`CLAIM_ORDER` exactly (see
+    :class:`engine.NullsFirstIndex`).
     """
 
-    def create_sql(
-        self, model: type[models.Model], schema_editor: Any, using: str = "", **kwargs: Any
-    ) -> Any:
-        if schema_editor.connection.features.order_by_nulls_first:
-            return super().create_sql(model, schema_editor, using=using, **kwargs)
-        fields = [model._meta.get_field(name) for name, _ in self.fields_orders]
-        return schema_editor._create_index_sql(
-            model,
-            fields=fields,
-            name=self.name,
-            using=using,
-            db_tablespace=self.db_tablespace,
-            col_suffixes=["NULLS FIRST" if field.name == "last_updated" else "" for field in fields],
-            **kwargs,
-        )
+    nulls_first = ("last_updated",)
 
 
 class TaskLoopBase(ModelBase):
@@ -82,7 +65,7 @@ class TaskLoopBase(ModelBase):
         ):
             attrs = {**attrs, "id": None}
         cls = super().__new__(mcs, name, bases, attrs, **kwargs)
-        opts = cls._meta
+        opts = cast("type[models.Model]", cls)._meta
         if not opts.abstract and not opts.proxy and opts.get_field("lock_until").model is cls:
             # Added here rather than in TaskLoop.Meta.indexes: a subclass that writes its own
             # ``class Meta`` without inheriting TaskLoop.Meta would silently lose it.
@@ -113,7 +96,8 @@ class TaskLoopQuerySet(models.QuerySet):
     def _ids(self, id_or_ids: Any) -> list[Any]:
         """Return the ids as the primary key's Python type, unique, sorted where possible."""
         pk = self.model._meta.pk
-        target = pk.target_field if pk.is_relation else pk
+        # A relation (a OneToOneField key): the field it points to says what an id is.
+        target = getattr(pk, "target_field", pk) if pk.is_relation else pk
         ids: dict[Any, None] = {}
         for value in as_id_list(id_or_ids, "id_or_ids"):
             try:
@@ -149,74 +133,52 @@ class TaskLoopQuerySet(models.QuerySet):
             return result
         return engine.run_in_transaction(self.model, self.db, work)
 
-    def _batches(self, ids: list[Any], per_row: int = 1) -> Iterable[list[Any]]:
-        return engine.batched(ids, self.db, per_row=per_row)  # type: ignore[return-value]
+    def _batches(self, ids: list[Any], per_row: int = 1) -> Iterator[Sequence[Any]]:
+        return engine.batched(ids, self.db, per_row=per_row)
 
     def _insert(self, ids: list[Any], *, updated: bool = False, mostly_present: bool = False) -> int:
         """Insert the ids that are not in the loop yet; return how many were new.
 
         ``mostly_present`` (did, unlock, bump): look first, insert only what is missing.
         """
-        model = self.model
-        using = self.db
-        opts = model._meta
+        opts = self.model._meta
         pk = opts.pk
-        connection = connections[using]
-        ops = connection.ops
         # Only the key, and the columns that must not be left to NULL (a subclass's own fields
         # with defaults): their value is the same for every row, worked out once.
-        template = model()
         extra = [f for f in opts.local_concrete_fields if f is not pk and (f.has_default() or not f.null)]
         extra = [f for f in extra if f.name != "last_updated" or not updated]
-        extra_values = [f.get_db_prep_save(f.pre_save(template, add=True), connection) for f in extra]
-        columns = [pk, *extra]
-        row_sql = ["%s"] * len(columns)
-        row_params: list[Any] = []
-        if updated:
-            now_sql, row_params = InsertQuery(model).get_compiler(using=using).compile(engine.DbNow())
-            columns.append(opts.get_field("last_updated"))
-            row_sql.append(now_sql)
-        head = (
-            f"{ops.insert_statement(on_conflict=OnConflict.IGNORE)} {ops.quote_name(opts.db_table)} "
-            f"({', '.join(ops.quote_name(f.column) for f in columns)}) "
-        )
-        # ON CONFLICT DO NOTHING on PostgreSQL; INSERT IGNORE / INSERT OR IGNORE elsewhere.
-        tail = ops.on_conflict_suffix_sql(columns, OnConflict.IGNORE, None, None)
-        rows = model._base_manager.using(using)
+        rows = engine.MissingRows(self.model, self.db, extra, now="last_updated" if updated else None)
         new = 0
-        for batch in self._batches(ids, per_row=len(row_sql) + len(row_params)):
-            if mostly_present:
-                # A plain read, which takes no lock, spares the insert. On MySQL an INSERT
-                # IGNORE would share-lock every existing row, and two transactions upgrading
-                # those to write locks (did's UPDATE) deadlock.
-                present = set(rows.filter(pk__in=batch).values_list("pk", flat=True))
-                batch = [value for value in batch if value not in present]
-            if pk.is_relation and batch:
-                # An id must exist in the table the loop's key points to. MySQL's INSERT IGNORE
-                # would skip a missing one while PostgreSQL and SQLite fail at commit: skip it
-                # everywhere, as doloop's users expect of ids that no longer exist.
-                target = pk.target_field
-                known = set(
-                    pk.remote_field.model._base_manager.using(using)
-                    .filter(**{f"{target.attname}__in": batch})
-                    .values_list(target.attname, flat=True)
-                )
-                batch = [value for value in batch if value in known]
-            if not batch:
-                continue
-            params: list[Any] = []
-            for value in batch:
-                params.append(pk.get_db_prep_save(value, connection))
-                params.extend(extra_values)
-                params.extend(row_params)
-            # Built with the backend's own pieces rather than bulk_create(ignore_conflicts=True):
-            # that one cannot say how many rows were new, and spends most of its time
-            # preparing model instances. The statement's row count is the number inserted.
-            sql = head + ops.bulk_insert_sql(columns, [row_sql] * len(batch)) + (f" {tail}" if tail else "")
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                new += max(cursor.rowcount, 0)
+        for batch in self._batches(ids, per_row=rows.per_row):
+            batch = self._not_present(batch) if mostly_present else batch
+            batch = self._known(batch)
+            if batch:
+                new += rows.insert(batch)
         return new
+
+    def _not_present(self, batch: Sequence[Any]) -> Sequence[Any]:
+        """The ids of ``batch`` not in the loop. A plain read, which takes no lock, spares the
+        insert: on MySQL an INSERT IGNORE would share-lock every existing row, and two
+        transactions upgrading those to write locks (did's UPDATE) deadlock."""
+        rows = self.model._base_manager.using(self.db)
+        present = set(rows.filter(pk__in=batch).values_list("pk", flat=True))
+        return [value for value in batch if value not in present]
+
+    def _known(self, batch: Sequence[Any]) -> Sequence[Any]:
+        """The ids of ``batch`` that exist in the table the loop's key points to (all of them
+        if it points nowhere). MySQL's INSERT IGNORE would skip a missing one while PostgreSQL
+        and SQLite fail at commit: skip it everywhere, as doloop's users expect of ids that no
+        longer exist."""
+        pk = self.model._meta.pk
+        if not batch or pk is None or not pk.is_relation or pk.remote_field is None:
+            return batch
+        target = getattr(pk, "target_field", pk)  # the field the relation points to
+        known = set(
+            pk.remote_field.model._base_manager.using(self.db)
+            .filter(**{f"{target.attname}__in": batch})
+            .values_list(target.attname, flat=True)
+        )
+        return [value for value in batch if value in known]
 
     def _update(self, ids: list[Any], *, auto_add: bool, condition: Q | None = None, **changes: Any) -> int:
         """Optionally add missing ids, then update the matching rows; return the rows matched."""
@@ -289,8 +251,8 @@ class TaskLoopQuerySet(models.QuerySet):
         unless someone bumps an id while it is held (doloop's locks have no owner).
         """
         # doloop's order of checks: lock_for, min_loop_time, then limit.
-        lock_for = check_seconds(lock_for, "lock_for", positive=True)
-        min_loop_time = check_seconds(min_loop_time, "min_loop_time")
+        lock_for = cast(float, check_seconds(lock_for, "lock_for", positive=True))
+        min_loop_time = cast(float, check_seconds(min_loop_time, "min_loop_time"))
         limit = check_count(limit, "limit")
         self._refuse_sliced("claim")
         if limit == 0:
@@ -380,7 +342,7 @@ class TaskLoopQuerySet(models.QuerySet):
         been bumped that many seconds ago. Bumping an id a worker holds with ``lock_for <= 0``
         lets another worker claim it at once. Return the number of ids bumped.
         """
-        lock_for = check_seconds(lock_for, "lock_for")
+        lock_for = cast(float, check_seconds(lock_for, "lock_for"))
         ids = self._ids(id_or_ids)
         self._refuse_sliced("bump")
         if not ids:
@@ -403,7 +365,7 @@ class TaskLoopQuerySet(models.QuerySet):
         it again, here on the ids a worker still holds (ids unlocked meanwhile, by ``did`` or
         ``unlock``, have no lock and stay untouched). A worker's heartbeat for its ids in flight.
         """
-        lock_for = check_seconds(lock_for, "lock_for", positive=True)
+        lock_for = cast(float, check_seconds(lock_for, "lock_for", positive=True))
         ids = self._ids(id_or_ids)
         self._refuse_sliced("renew")
         if not ids:
@@ -447,6 +409,32 @@ class TaskLoopQuerySet(models.QuerySet):
         ``min/max_update_time`` since ids were last done (never-done ids are left out).
         """
         self._refuse_sliced("stats")
+        now, read = self._stats_read()
+        locked, bumped = read["locked"], read["bumped"]
+
+        def since(value: Any) -> float:
+            return 0.0 if value is None else float((now - value).total_seconds())
+
+        def until(value: Any) -> float:
+            return 0.0 if value is None else float((value - now).total_seconds())
+
+        ends = (locked["min_updated"], locked["max_updated"], bumped["min_updated"], bumped["max_updated"])
+        updated = [value for value in (*ends, read["idle_oldest"], read["idle_newest"]) if value is not None]
+        return {
+            "locked": locked["count"],
+            "bumped": bumped["count"],
+            "min_id": read["min_id"],
+            "max_id": read["max_id"],
+            "min_lock_time": until(locked["min_lock"]),
+            "max_lock_time": until(locked["max_lock"]),
+            "min_bump_time": since(bumped["max_lock"]),
+            "max_bump_time": since(bumped["min_lock"]),
+            "min_update_time": since(max(updated) if updated else None),
+            "max_update_time": since(min(updated) if updated else None),
+        }
+
+    def _stats_read(self) -> tuple[Any, dict[str, Any]]:
+        """What :meth:`stats` reports on, read in one transaction at one clock reading."""
         using = self.db
         queryset = self.order_by()
         summary = {
@@ -460,45 +448,16 @@ class TaskLoopQuerySet(models.QuerySet):
             # One clock reading for every figure, as doloop does.
             now = engine.db_now(using)
             ids = queryset.values_list("pk", flat=True)
-            min_id = ids.order_by("pk").first()
-            max_id = ids.order_by("-pk").first()
-            # Locked and bumped rows are few (about workers x batch size): aggregate them.
-            locked = queryset.filter(lock_until__gt=now).aggregate(**summary)
-            bumped = queryset.filter(lock_until__lte=now).aggregate(**summary)
             oldest_idle, newest_idle = self._idle_ends()
-            idle_oldest = oldest_idle.first()
-            idle_newest = newest_idle.first()
-
-        def since(value: Any) -> float:
-            return 0.0 if value is None else float((now - value).total_seconds())
-
-        def until(value: Any) -> float:
-            return 0.0 if value is None else float((value - now).total_seconds())
-
-        updated = [
-            value
-            for value in (
-                locked["min_updated"],
-                locked["max_updated"],
-                bumped["min_updated"],
-                bumped["max_updated"],
-                idle_oldest,
-                idle_newest,
-            )
-            if value is not None
-        ]
-        return {
-            "locked": locked["count"],
-            "bumped": bumped["count"],
-            "min_id": min_id,
-            "max_id": max_id,
-            "min_lock_time": until(locked["min_lock"]),
-            "max_lock_time": until(locked["max_lock"]),
-            "min_bump_time": since(bumped["max_lock"]),
-            "max_bump_time": since(bumped["min_lock"]),
-            "min_update_time": since(max(updated) if updated else None),
-            "max_update_time": since(min(updated) if updated else None),
-        }
+            return now, {
+                "min_id": ids.order_by("pk").first(),
+                "max_id": ids.order_by("-pk").first(),
+                # Locked and bumped rows are few (about workers x batch size): aggregate them.
+                "locked": queryset.filter(lock_until__gt=now).aggregate(**summary),
+                "bumped": queryset.filter(lock_until__lte=now).aggregate(**summary),
+                "idle_oldest": oldest_idle.first(),
+                "idle_newest": newest_idle.first(),
+            }
 
     def _idle_ends(self) -> tuple[QuerySet[Any], QuerySet[Any]]:
         """Return the ``last_updated`` of idle rows, oldest first and newest first.

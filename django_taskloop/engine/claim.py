@@ -1,0 +1,383 @@
+"""Claims: lock rows that no rival holds and write a lease on them, in one short transaction
+(:func:`claim`); what a worker does between two batches, acknowledging and claiming in one
+statement (:func:`delete_and_claim`); and locking rows for a change of one's own
+(:func:`lock_free`).
+
+Claiming follows the candidate-then-lock pattern: (1) a plain, index-ordered read finds
+candidate primary keys outside any transaction; (2) a short transaction locks those of them
+that are still claimable with ``FOR UPDATE SKIP LOCKED``, (3) writes the lease, and (4) commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.db.models import Model, Q, QuerySet
+
+from . import compiler, kept
+from .transactions import discard_if_broken, run_in_transaction
+from .vendor import features
+
+#: The largest ``limit`` a claim passes to the database (more rows than any table holds).
+MAX_LIMIT = 2**31 - 1
+
+
+def claim(
+    queryset: QuerySet[Any],
+    *,
+    limit: int,
+    claimable: Q | Callable[[], Q],
+    order_by: Sequence[Any],
+    changes: dict[str, Any] | Callable[[], dict[str, Any]],
+    fetch: bool = False,
+    overfetch: int = 2,
+    direct: bool = False,
+    key: Hashable | None = None,
+    later: bool = False,
+) -> Any:
+    """Claim up to ``limit`` rows of ``queryset`` that match ``claimable``, best first.
+
+    ``order_by`` is the claim order (it must end in a unique column, and an index should serve
+    it); ``changes`` is what the claim writes (the lease: owner, deadline via :class:`DbNow`,
+    counters via ``F()``). Return the claimed primary keys in claim order, or the model
+    instances as they are after the claim when ``fetch`` is true.
+
+    ``direct`` skips the candidate read (step 1): the locking read scans the queue itself,
+    skipping what rivals hold. For small claims under contention (one row at a time), where
+    every claimer's candidates would be the same head of the queue and all but one claimer
+    would lose them and scan anyway.
+
+    ``key`` (with ``direct`` and ``fetch``): a name for everything the statement depends on
+    besides ``limit`` and the database (the queryset, ``claimable``, ``order_by``,
+    ``changes``). Where the database updates with ``RETURNING`` (PostgreSQL, SQLite) the claim
+    is then one statement, ``UPDATE … WHERE pk IN (SELECT pk … ORDER BY … LIMIT n FOR UPDATE
+    SKIP LOCKED) RETURNING …``, compiled the first time and kept under ``key``: a worker's
+    batches pay neither the ORM's query building nor a second round trip. ``claimable`` and
+    ``changes`` may then be given as functions that build them, called only when needed.
+
+    ``later`` (with ``fetch``): return a :class:`Claimed`, whose instances the caller makes
+    once its transaction has committed. Turning a batch of rows into instances costs more
+    than the statement that claimed them; on SQLite, every other writer waits while it
+    happens inside the transaction.
+    """
+    if limit <= 0:
+        return Claimed([]) if later else []
+    # A limit beyond any table's size means "all of them"; larger ones overflow SQL's LIMIT
+    # (a 64-bit integer, doubled below for the candidates) and fail inside the database.
+    limit = min(limit, MAX_LIMIT)
+    using = queryset.db
+    statement = None
+    if key is not None and direct and fetch and features(using).update_returning:
+        statement = kept.kept_claim(queryset, limit, claimable, order_by, changes, key)
+    if statement is not None:
+        # One statement that writes: SQLite's write lock needs no taking first.
+        rows = run_in_transaction(
+            queryset.model, using, lambda: statement.rows(using), savepoint=False, lock_first=False
+        )
+        return (
+            Claimed(rows, lambda rows: statement.finish(using, rows))
+            if later
+            else statement.finish(using, rows)
+        )
+    claimed = _claim_through_orm(queryset, limit, claimable, order_by, changes, fetch, overfetch, direct)
+    return Claimed(claimed) if later else claimed
+
+
+def _claim_through_orm(
+    queryset: QuerySet[Any],
+    limit: int,
+    claimable: Q | Callable[[], Q],
+    order_by: Sequence[Any],
+    changes: dict[str, Any] | Callable[[], dict[str, Any]],
+    fetch: bool,
+    overfetch: int,
+    direct: bool,
+) -> list[Any]:
+    """:func:`claim` in the ORM's statements: the candidate read, the locking read and the
+    lease ``UPDATE`` (SQLite: the read and the ``UPDATE`` under the write lock)."""
+    model = queryset.model
+    using = queryset.db
+    claimable = claimable() if callable(claimable) else claimable
+    base = queryset.filter(claimable).order_by(*order_by)
+    lease = _Lease(queryset, changes() if callable(changes) else changes, fetch)
+
+    if features(using).write_lock_first:
+        # SQLite: nobody else can write while we hold the lock, so read and write at once.
+        return run_in_transaction(
+            model,
+            using,
+            lambda: lease.write(list(base.values_list("pk", flat=True)[:limit])),
+            savepoint=False,
+        )
+    if direct:
+        return run_in_transaction(
+            model, using, lambda: lease.lock_and_write(base, base, limit), savepoint=False
+        )
+
+    # (1) Candidates, read outside the transaction: a few more than needed, so that a rival
+    # holding some of them does not leave us empty-handed.
+    try:
+        candidates = list(base.values_list("pk", flat=True)[: limit * overfetch])
+    except DatabaseError:
+        # The first query after the server restarted is the one that fails: leave a fresh
+        # connection for the next call rather than a dead one.
+        discard_if_broken(using)
+        raise
+    if not candidates:
+        return []
+    # The locking read repeats the caller's whole filter, not only ``claimable``: a rival may
+    # have changed a candidate since step (1) — e.g. reviewed and released it — so that it no
+    # longer belongs to the queryset although its lease is free (seed 004: the
+    # ``SELECT … FOR UPDATE SKIP LOCKED`` carries the whole WHERE).
+    recheck = base.filter(pk__in=candidates)
+    claimed = run_in_transaction(
+        model, using, lambda: lease.lock_and_write(recheck, base, limit), savepoint=False
+    )
+    if claimed or len(candidates) < limit * overfetch:
+        return claimed
+    # Rivals held every candidate (they all read the same head of the queue). Let the index
+    # scan itself skip what is locked: it finds free rows whenever there are any.
+    return run_in_transaction(model, using, lambda: lease.lock_and_write(base, base, limit), savepoint=False)
+
+
+class _Lease:
+    """Steps (2) and (3) of a claim through the ORM: lock what is still claimable, and write
+    the lease on it."""
+
+    def __init__(self, queryset: QuerySet[Any], changes: dict[str, Any], fetch: bool) -> None:
+        self.using = queryset.db
+        self.rows = queryset.model._base_manager.db_manager(self.using)
+        self.changes = changes
+        self.fetch = fetch
+        self.of = ("self",) if features(self.using).for_update_of else ()
+
+    def write(self, pks: list[Any]) -> list[Any]:
+        """(3) Write the lease on ``pks``; return them, or the rows as the claim left them."""
+        if not pks:
+            return []
+        if self.fetch and features(self.using).update_returning:
+            # The rows as the claim left them, from the UPDATE itself: no second read.
+            by_pk = {obj.pk: obj for obj in update_returning(self.rows.filter(pk__in=pks), self.changes)}
+            return [by_pk[pk] for pk in pks]
+        self.rows.filter(pk__in=pks).update(**self.changes)
+        if not self.fetch:
+            return pks
+        by_pk = self.rows.in_bulk(pks)
+        return [by_pk[pk] for pk in pks]
+
+    def lock_and_write(self, locking: QuerySet[Any], base: QuerySet[Any], limit: int) -> list[Any]:
+        """(2) Lock what is still claimable of ``locking``, skipping rows another claimer
+        holds; (3) write the lease; (4) commit on leaving run_in_transaction.
+
+        A locking read that locks only this table (``OF``) rechecks a row that a rival changed
+        meanwhile against the row's newest version, but reads the other tables it joins or
+        subqueries as of the statement's start: a row whose joined data left the filter after
+        that start would pass. Such claims read their filter (``base``) again, in a statement
+        of their own (which sees everything committed before the rows were locked), and lease
+        what passes.
+        """
+        locked = list(
+            locking.select_for_update(skip_locked=True, of=self.of).values_list("pk", flat=True)[:limit]
+        )
+        if self.of and locked and compiler.reads_other_tables(base):
+            still = set(base.filter(pk__in=locked).values_list("pk", flat=True))
+            locked = [pk for pk in locked if pk in still]
+        return self.write(locked)
+
+
+class Claimed:
+    """Claimed rows (see :func:`claim`'s ``later``): ``len()`` at once, ``instances()``, made
+    the first time it is called and then kept, in the claim's order."""
+
+    __slots__ = ("_rows", "_finish", "_objs")
+
+    def __init__(
+        self, rows: Sequence[Any], finish: Callable[[Sequence[Any]], list[Any]] | None = None
+    ) -> None:
+        self._rows = rows
+        self._finish = finish
+        self._objs: list[Any] | None = None if finish is not None else list(rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def instances(self) -> list[Any]:
+        if self._objs is None:
+            assert self._finish is not None
+            self._objs = self._finish(self._rows)
+        return self._objs
+
+
+def update_returning(queryset: QuerySet[Any], changes: dict[str, Any]) -> list[Any]:
+    """``queryset.update(**changes)`` in one ``UPDATE … RETURNING`` statement; return the
+    updated rows as model instances (only where :attr:`Features.update_returning`)."""
+    sql, params, update = compiler.compile_update(queryset, changes)
+    sql += compiler.returning(queryset.model, connections[queryset.db])
+    rows = compiler.execute(queryset.db, sql, params)
+    return compiler.Instances(queryset.model, update).make(queryset.db, rows)
+
+
+def lock_free(queryset: QuerySet[Any], limit: int | None = None) -> list[Any]:
+    """Lock, for the current transaction, the rows of ``queryset`` (in its order; at most
+    ``limit``) that no rival holds, and return them: ``FOR UPDATE SKIP LOCKED`` where the
+    database has row locks, and under the write lock already taken on SQLite. A rival that
+    holds a row is changing it: it applies the change, or the caller does next time."""
+    rows = queryset.select_for_update(skip_locked=features(queryset.db).skip_locked)
+    return list(rows if limit is None else rows[: min(limit, MAX_LIMIT)])
+
+
+def delete_and_claim(
+    queryset: QuerySet[Any],
+    pks: Sequence[Any],
+    *,
+    where: Q | Callable[[], Q],
+    delete_key: Hashable,
+    limit: int,
+    claimable: Q | Callable[[], Q],
+    order_by: Sequence[Any],
+    changes: dict[str, Any] | Callable[[], dict[str, Any]],
+    key: Hashable,
+    counters: tuple[type[Model], dict[str, Any], dict[str, str]],
+) -> tuple[int, list[Any], bool] | None:
+    """What a worker does between two batches, as one statement: ``delete_pks(queryset, pks,
+    where=…, key=delete_key)``, ``claim(queryset, limit=…, …, direct=True, fetch=True,
+    key=key)``, and the counter ``UPDATE`` — ``counters`` is ``(model, match, {field:
+    "deleted" | "claimed"})``: add to each field how many rows the statement deleted or
+    claimed, on the row of ``model`` that ``match`` names.
+
+    PostgreSQL runs the three as data-modifying ``WITH`` parts of one statement (one round
+    trip, atomic by itself; in the caller's transaction if there is one): the deleted rows
+    (taken ones) and the claimed rows (ready ones) must be different rows, since the parts
+    share one snapshot. Returns ``(deleted, claimed, counted)``: ``counted`` is false when no
+    counter row matched (the caller adds the counts its own way). ``None`` where it cannot be
+    one statement (other databases, or a claim or filter that is not kept): the caller runs
+    the parts one by one.
+    """
+    using = queryset.db
+    if not features(using).modifying_with or not pks:
+        return None
+    claim_statement = kept.kept_claim(queryset, limit, claimable, order_by, changes, key)
+    kept_where = kept.kept_where(queryset, where, delete_key)
+    if claim_statement is None or kept_where is None or kept_where.empty:
+        return None
+    model, match, counted = counters
+    connection = connections[using]
+    # The keys as one array parameter (PostgreSQL's = ANY): the statement's text is the same
+    # from batch to batch, with few enough parameters for the driver to keep it parsed.
+    sql = kept.keep(
+        ("delete-and-claim", key, delete_key, using, limit, model, tuple(match), tuple(counted)),
+        lambda: _delete_and_claim_sql(kept_where, claim_statement, counters, using),
+    )
+    prepared = list(kept_where.prepared(pks, connection))
+    params = [*kept_where.params, prepared, *claim_statement.params, *match.values()]
+    result = compiler.send(connection, sql, params)
+    deleted, counted_rows = result[0][0], result[0][1]
+    # No claimed row: the LEFT JOIN's one row, all NULL.
+    claimed = [row[2:] for row in result if row[2] is not None]
+    return deleted, claim_statement.finish(using, claimed), bool(counted_rows)
+
+
+def _delete_and_claim_sql(
+    kept_where: kept.Where,
+    claim_statement: kept.ClaimStatement,
+    counters: tuple[type[Model], dict[str, Any], dict[str, str]],
+    using: str,
+) -> str:
+    """The statement of :func:`delete_and_claim`: ``d`` deletes, ``c`` claims, ``s`` counts."""
+    model, match, counted = counters
+    qn = connections[using].ops.quote_name
+    sets = ", ".join(
+        f"{qn(compiler.column(model, name))} = {qn(compiler.column(model, name))} + "
+        f"(SELECT COUNT(*) FROM {'d' if what == 'deleted' else 'c'})"
+        for name, what in counted.items()
+    )
+    match_sql = " AND ".join(f"{qn(compiler.column(model, name))} = %s" for name in match)
+    return (
+        f"WITH d AS ({kept_where.head} = ANY(%s) RETURNING 1), "
+        f"c AS ({claim_statement.sql}), s AS (UPDATE {qn(model._meta.db_table)} SET {sets} WHERE {match_sql} "
+        "RETURNING 1) SELECT (SELECT COUNT(*) FROM d), (SELECT COUNT(*) FROM s), c.* "
+        "FROM (SELECT 1) AS one LEFT JOIN c ON TRUE"
+    )
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """A claim as :func:`claim` takes it (``fetch=True``), for :meth:`run` and
+    :func:`ack_and_claim`: the engine decides how it is sent.
+
+    ``claimable`` and ``changes`` may be functions that build them. :meth:`prepared` builds
+    them at once unless the claim will be a kept statement (compiled once, when they are
+    needed): a claim through the ORM should not build its filter inside the transaction,
+    where locks (on SQLite, the whole database) wait on it. ``key=None``: never kept.
+    """
+
+    queryset: QuerySet[Any]
+    limit: int
+    claimable: Q | Callable[[], Q]
+    order_by: Sequence[Any]
+    changes: dict[str, Any] | Callable[[], dict[str, Any]]
+    key: Hashable | None = None
+    direct: bool = False
+
+    def kept(self) -> bool:
+        """Whether the claim is one statement, compiled once and kept under :attr:`key`."""
+        return self.key is not None and self.direct and features(self.queryset.db).update_returning
+
+    def prepared(self) -> ClaimSpec:
+        """This spec, its filter and changes built now unless the claim is kept."""
+        if self.kept():
+            return self
+        claimable = self.claimable() if callable(self.claimable) else self.claimable
+        changes = self.changes() if callable(self.changes) else self.changes
+        return replace(self, claimable=claimable, changes=changes)
+
+    def run(self, *, later: bool = False) -> Any:
+        """:func:`claim` of this spec (``fetch=True``)."""
+        return claim(
+            self.queryset,
+            limit=self.limit,
+            claimable=self.claimable,
+            order_by=self.order_by,
+            changes=self.changes,
+            fetch=True,
+            direct=self.direct,
+            key=self.key,
+            later=later,
+        )
+
+
+def ack_and_claim(
+    spec: ClaimSpec,
+    pks: Sequence[Any],
+    *,
+    where: Q | Callable[[], Q],
+    delete_key: Hashable,
+    counters: tuple[type[Model], dict[str, Any], dict[str, str]],
+) -> tuple[int, list[Any], bool] | None:
+    """:func:`delete_and_claim` of ``pks`` and ``spec`` where the database makes them one
+    statement (a kept claim, on PostgreSQL), run on its own or in the caller's transaction;
+    ``None`` elsewhere (the caller runs the parts one by one)."""
+    if not pks or not spec.kept() or not features(spec.queryset.db).modifying_with:
+        return None
+    key = spec.key
+    assert key is not None
+    return run_in_transaction(
+        spec.queryset.model,
+        spec.queryset.db,
+        lambda: delete_and_claim(
+            spec.queryset,
+            pks,
+            where=where,
+            delete_key=delete_key,
+            limit=spec.limit,
+            claimable=spec.claimable,
+            order_by=spec.order_by,
+            changes=spec.changes,
+            key=key,
+            counters=counters,
+        ),
+        alone=True,
+    )

@@ -1,0 +1,283 @@
+"""Every use of Django's private query, compiler and backend machinery, in one module.
+
+The engine builds its statements with Django's own compiler (so that they are what the ORM
+would send) and sends the hot ones on a kept cursor; both reach below Django's public API. A
+Django upgrade that changes those internals should touch this file alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+from django.core.exceptions import EmptyResultSet, FullResultSet
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Expression, Field, Index, Model, QuerySet, signals
+from django.db.models.base import ModelState
+from django.db.models.constants import OnConflict
+from django.db.models.sql import InsertQuery, Query, UpdateQuery
+from django.db.models.sql.compiler import SQLCompiler
+from django.utils.asyncio import async_unsafe
+
+#: A compiled statement's converters: (column index, converter functions, column).
+Converters = list[tuple[int, list[Any], Any]]
+
+
+# -- sending ---------------------------------------------------------------------------------
+
+
+@async_unsafe
+def send(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: str = "all") -> Any:
+    """Send a kept statement on Django connection ``connection``; return ``fetch``: its rows
+    (``"all"``), its first row (``"one"``) or its row count (``"rowcount"``).
+
+    As ``connection.cursor()`` would, less the cost of a cursor and its wrapper per statement
+    (a sixth of a put's client CPU on PostgreSQL): the backend's own cursor, kept per
+    connection, with Django's checks and error translation. Whenever anyone watches the
+    queries (``DEBUG``, ``CaptureQueriesContext``, ``execute_wrapper``) or the connection is
+    due a health check, it goes through ``connection.cursor()`` so that they see it.
+    """
+    if (
+        connection.queries_logged
+        or connection.execute_wrappers
+        or connection.connection is None
+        # (Django 5.1+ health checks: django-stubs does not know these attributes yet.)
+        or (connection.health_check_enabled and not connection.health_check_done)  # type: ignore[attr-defined]
+    ):
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return _fetched(cursor, fetch)
+    kept = getattr(connection, "_taskloop_cursor", None)
+    if kept is None or kept[0] is not connection.connection:
+        with connection.wrap_database_errors:
+            kept = (connection.connection, connection.create_cursor())
+            connection._taskloop_cursor = kept  # type: ignore[attr-defined]  # our own slot on the wrapper
+    connection.validate_no_broken_transaction()
+    with connection.wrap_database_errors:
+        kept[1].execute(sql, params)
+        return _fetched(kept[1], fetch)
+
+
+def _fetched(cursor: Any, fetch: str) -> Any:
+    if fetch == "all":
+        return cursor.fetchall()
+    if fetch == "one":
+        return cursor.fetchone()
+    return cursor.rowcount
+
+
+def execute(using: str, sql: str, params: Sequence[Any] = (), fetch: str = "all") -> Any:
+    """Send ``sql`` through ``connection.cursor()`` (seen by every query watcher); return as
+    :func:`send` does."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        return _fetched(cursor, fetch)
+
+
+# -- reading a query -------------------------------------------------------------------------
+
+
+def joins(query: Query) -> bool:
+    """Whether ``query`` joins a table besides its model's own."""
+    return any(alias != query.base_table and query.alias_refcount[alias] for alias in query.alias_map)
+
+
+def reads_other_tables(queryset: QuerySet[Any]) -> bool:
+    """Whether ``queryset``'s filter reads a table besides its model's own (a join or a
+    subquery)."""
+    query = queryset.query
+    if joins(query):
+        return True
+
+    def has_subquery(node: Any) -> bool:
+        if isinstance(node, (Query, QuerySet)) or getattr(node, "subquery", False):
+            return True
+        children = list(getattr(node, "children", ()))
+        for side in ("lhs", "rhs"):
+            if hasattr(node, side):
+                children.append(getattr(node, side))
+        if hasattr(node, "get_source_expressions"):
+            children.extend(node.get_source_expressions())
+        if isinstance(node, (list, tuple)):
+            children.extend(node)
+        return any(has_subquery(child) for child in children if child is not None)
+
+    return has_subquery(query.where)
+
+
+def plain(queryset: QuerySet[Any]) -> bool:
+    """Whether ``queryset`` is one table's filter: no join, slice, ``DISTINCT`` or union."""
+    query = queryset.query
+    return not (joins(query) or query.is_sliced or query.distinct or query.combinator)
+
+
+# -- compiling -------------------------------------------------------------------------------
+
+
+def column(model: type[Model], name: str) -> str:
+    """The column of ``model``'s concrete field ``name``."""
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field) and field.column is not None, field
+    return field.column
+
+
+def returning(model: type[Model], connection: BaseDatabaseWrapper) -> str:
+    """`` RETURNING`` every concrete column of ``model`` (in field order)."""
+    qn = connection.ops.quote_name
+    table = model._meta.db_table
+    columns = [column(model, field.name) for field in model._meta.concrete_fields]
+    return " RETURNING " + ", ".join(f"{qn(table)}.{qn(name)}" for name in columns)
+
+
+def compile_update(
+    queryset: QuerySet[Any], changes: dict[str, Any], *, for_update: bool = False
+) -> tuple[str, tuple[Any, ...], SQLCompiler]:
+    """``queryset.update(**changes)`` as SQL, and its compiler. ``for_update``: the queryset
+    locks (``FOR UPDATE``), which Django compiles only inside a transaction."""
+    query = cast(UpdateQuery, queryset.query.chain(UpdateQuery))
+    query.add_update_values(changes)
+    compiler = query.get_compiler(queryset.db)
+    if for_update:
+        with transaction.atomic(using=queryset.db, savepoint=False):
+            sql, params = compiler.as_sql()
+    else:
+        sql, params = compiler.as_sql()
+    return sql, tuple(params), compiler
+
+
+def compile_where(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]] | None:
+    """``queryset``'s ``WHERE`` (``""`` for every row), or ``None`` if it matches no row."""
+    query = queryset.query
+    compiler = query.get_compiler(queryset.db)
+    try:
+        where, params = compiler.compile(query.where)
+    except EmptyResultSet:
+        return None
+    except FullResultSet:
+        return "", ()
+    return where, tuple(params)
+
+
+def compile_expression(model: type[Model], using: str, expression: Expression) -> tuple[str, list[Any]]:
+    """``expression`` as SQL for a statement on ``model``'s table."""
+    sql, params = InsertQuery(model).get_compiler(using=using).compile(expression)
+    return sql, list(params)
+
+
+def compile_insert(obj: Model, using: str, fields: list[Any], returned: list[Any]) -> tuple[str, SQLCompiler]:
+    """The one-row ``INSERT … [RETURNING returned]`` of ``obj`` that ``save()`` would send."""
+    query = InsertQuery(type(obj))
+    query.insert_values(fields, [obj])
+    compiler = query.get_compiler(using=using)
+    compiler.returning_fields = returned
+    ((sql, _params),) = compiler.as_sql()
+    return sql, compiler
+
+
+def execute_insert(
+    objs: Sequence[Model],
+    using: str,
+    fields: list[Any],
+    returned: list[Any],
+    wrap: Callable[[str, Any], tuple[str, list[Any]]] | None = None,
+) -> list[Any]:
+    """INSERT ``objs`` as ``bulk_create`` does; return the ``returned`` values per row.
+    ``wrap(sql, params)``: another statement around each INSERT (e.g. one that notifies)."""
+    query = InsertQuery(type(objs[0]))
+    query.insert_values(fields, list(objs))
+    compiler = query.get_compiler(using=using)
+    if wrap is not None:
+        statements = compiler.as_sql
+        compiler.as_sql = lambda: [
+            wrap(sql, params) for sql, params in statements()
+        ]  # the compiler has no hook for this
+    return list(compiler.execute_sql(returned))
+
+
+def converters(compiler: SQLCompiler, model: type[Model], fields: Sequence[Any]) -> Converters:
+    """The converters of ``fields`` of ``model`` as ``compiler`` reads them."""
+    table = model._meta.db_table
+    found = compiler.get_converters([field.get_col(table) for field in fields])
+    return [(index, list(funcs), col) for index, (funcs, col) in found.items()]
+
+
+def convert(row: Sequence[Any], converters: Converters, connection: BaseDatabaseWrapper) -> list[Any]:
+    """``row``'s values as the model's fields hold them (e.g. aware datetimes)."""
+    values = list(row)
+    for index, funcs, col in converters:
+        for converter in funcs:
+            values[index] = converter(values[index], col, connection)
+    return values
+
+
+class Instances:
+    """Rows holding every concrete column of a model, turned into instances as
+    ``Model.from_db`` would (converters applied)."""
+
+    def __init__(self, model: type[Model], compiler: SQLCompiler) -> None:
+        self.model = model
+        fields = model._meta.concrete_fields
+        self.names = [field.attname for field in fields]
+        self.converters = converters(compiler, model, fields)
+
+    def make(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
+        if self.converters:
+            connection = connections[using]
+            rows = [convert(row, self.converters, connection) for row in rows]
+        model, names = self.model, self.names
+        if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
+            return [model.from_db(using, names, row) for row in rows]
+        # What from_db does, without __init__'s per-field setattr (a third of a claimed row's
+        # cost): nobody listens for the init signals that would tell the difference.
+        objs = []
+        new = model.__new__
+        for row in rows:
+            obj = new(model)
+            obj.__dict__.update(zip(names, row, strict=True))
+            state = obj._state = ModelState()
+            state.adding = False
+            state.db = using
+            objs.append(obj)
+        return objs
+
+
+# -- deleting, indexes, conflicts -------------------------------------------------------------
+
+
+def raw_delete(queryset: QuerySet[Any]) -> int:
+    """DELETE ``queryset``'s rows in one statement (no signals, no cascades in Python: the
+    database's foreign keys do that); return how many."""
+    return queryset._raw_delete(queryset.db)  # Django's private one-statement DELETE
+
+
+def index_sql(
+    index: Index, model: type[Model], schema_editor: Any, suffixes: dict[str, str], **kwargs: Any
+) -> Any:
+    """``CREATE INDEX`` of ``index`` with ``suffixes`` (field name: e.g. ``"NULLS FIRST"``)
+    after its columns."""
+    fields = [model._meta.get_field(name) for name, _ in index.fields_orders]
+    return schema_editor._create_index_sql(
+        model,
+        fields=fields,
+        name=index.name,
+        db_tablespace=index.db_tablespace,
+        col_suffixes=[suffixes.get(field.name, "") for field in fields],
+        **kwargs,
+    )
+
+
+def insert_ignore_sql(
+    connection: BaseDatabaseWrapper, table: str, columns: list[Any], rows: list[list[str]]
+) -> str:
+    """``INSERT … VALUES rows`` that skips rows whose key is taken: ``ON CONFLICT DO
+    NOTHING`` on PostgreSQL, ``INSERT IGNORE`` / ``INSERT OR IGNORE`` elsewhere."""
+    ops = connection.ops
+    head = (
+        f"{ops.insert_statement(on_conflict=OnConflict.IGNORE)} {ops.quote_name(table)} "
+        f"({', '.join(ops.quote_name(f.column) for f in columns)}) "
+    )
+    tail = ops.on_conflict_suffix_sql(columns, OnConflict.IGNORE, [], [])
+    # (django-stubs types the rows of placeholders as strings; Django takes lists of them.)
+    values = ops.bulk_insert_sql(columns, rows)  # type: ignore[arg-type]
+    return head + values + (f" {tail}" if tail else "")

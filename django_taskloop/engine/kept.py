@@ -1,0 +1,363 @@
+"""Statements compiled once and kept: a worker's claim, its acknowledgement's ``DELETE``, a
+put's ``INSERT``, the counters' ``UPDATE``.
+
+A worker sends the same few statements batch after batch; building them through the ORM
+costs more client CPU than the database spends running them. These are compiled once per
+shape (with Django's own compiler, see :mod:`.compiler`) and kept.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Hashable, Sequence
+from operator import attrgetter
+from typing import Any, TypeVar
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import DateField, DateTimeField, Field, Model, Q, QuerySet
+
+from . import compiler
+from .vendor import DbNow, batched, features, notifying
+
+T = TypeVar("T")
+
+#: How many compiled statements a process keeps.
+KEPT_STATEMENTS = 256
+_kept: dict[Hashable, Any] = {}
+
+
+def keep(key: Hashable, build: Callable[[], T]) -> T:
+    """The statement kept under ``key``; ``build()`` makes it the first time (``None``: this
+    shape has no kept statement, and the caller takes the ORM's way)."""
+    try:
+        return _kept[key]
+    except KeyError:
+        pass
+    value = build()
+    if len(_kept) >= KEPT_STATEMENTS:
+        _kept.clear()
+    _kept[key] = value
+    return value
+
+
+# -- the claim -------------------------------------------------------------------------------
+
+
+class ClaimStatement:
+    """``UPDATE … WHERE pk IN (SELECT pk … ORDER BY … LIMIT n FOR UPDATE SKIP LOCKED)
+    RETURNING *``: a claim in one statement (databases with ``UPDATE … RETURNING``)."""
+
+    def __init__(
+        self, sql: str, params: Sequence[Any], instances: compiler.Instances, order: list[tuple[str, bool]]
+    ):
+        self.sql = sql
+        self.params = tuple(params)
+        self.instances = instances
+        self.order = order
+
+    @classmethod
+    def build(
+        cls,
+        queryset: QuerySet[Any],
+        limit: int,
+        claimable: Q | Callable[[], Q],
+        order_by: Sequence[Any],
+        changes: dict[str, Any] | Callable[[], dict[str, Any]],
+    ) -> ClaimStatement | None:
+        """The statement, or ``None`` where the claim needs more than one (a filter that reads
+        other tables is read again after the lock; an order on a nullable or computed value
+        cannot be restored in Python)."""
+        model = queryset.model
+        using = queryset.db
+        claimable = claimable() if callable(claimable) else claimable
+        changes = changes() if callable(changes) else changes
+        base = queryset.filter(claimable).order_by(*order_by)
+        if compiler.reads_other_tables(base) or queryset.query.is_sliced or queryset.query.distinct:
+            return None
+        order = cls._order(model, order_by)
+        if order is None:
+            return None
+        if features(using).skip_locked:
+            base = base.select_for_update(skip_locked=True)
+        rows = model._base_manager.db_manager(using).filter(pk__in=base.values("pk")[:limit])
+        # Django compiles FOR UPDATE only inside a transaction; PostgreSQL's batch statement
+        # runs in autocommit (engine.delete_and_claim), and may be the first to need this one.
+        sql, params, update = compiler.compile_update(rows, changes, for_update=True)
+        sql += compiler.returning(model, connections[using])
+        return cls(sql, params, compiler.Instances(model, update), order)
+
+    @staticmethod
+    def _order(model: type[Model], order_by: Sequence[Any]) -> list[tuple[str, bool]] | None:
+        """``order_by`` as (attribute, descending) pairs; ``None`` if Python cannot sort by it."""
+        opts = model._meta
+        order = []
+        for name in order_by:
+            if not isinstance(name, str):
+                return None
+            field = opts.pk if name.lstrip("-") == "pk" else opts.get_field(name.lstrip("-"))
+            if not isinstance(field, Field) or field.null or not field.concrete:
+                return None
+            order.append((field.attname, name.startswith("-")))
+        return order
+
+    def rows(self, using: str) -> list[tuple[Any, ...]]:
+        """Send the claim; return its rows as the database gives them (see :meth:`finish`)."""
+        return compiler.send(connections[using], self.sql, self.params)  # fetch="all": rows
+
+    def finish(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
+        """The claimed rows as instances, in the claim's order (``RETURNING`` gives them in
+        no particular order)."""
+        objs = self.instances.make(using, rows)
+        for name, descending in reversed(self.order):
+            objs.sort(key=attrgetter(name), reverse=descending)
+        return objs
+
+
+def kept_claim(
+    queryset: QuerySet[Any],
+    limit: int,
+    claimable: Q | Callable[[], Q],
+    order_by: Sequence[Any],
+    changes: dict[str, Any] | Callable[[], dict[str, Any]],
+    key: Hashable,
+) -> ClaimStatement | None:
+    """The one-statement claim kept under ``key`` (see :func:`engine.claim`), or ``None``."""
+    return keep(
+        ("claim", key, queryset.db, limit),
+        lambda: ClaimStatement.build(queryset, limit, claimable, order_by, changes),
+    )
+
+
+# -- DELETE by keys --------------------------------------------------------------------------
+
+
+class Where:
+    """A single-table queryset's ``WHERE``, compiled once: ``DELETE`` by primary keys."""
+
+    def __init__(self, queryset: QuerySet[Any]) -> None:
+        model = queryset.model
+        qn = connections[queryset.db].ops.quote_name
+        table = qn(model._meta.db_table)
+        pk = model._meta.pk
+        assert pk is not None
+        self.plain_pk = pk.get_internal_type() in ("AutoField", "BigAutoField", "SmallAutoField")
+        self.pk_field = pk
+        compiled = compiler.compile_where(queryset)
+        #: The filter matches no row at all: nothing to send.
+        self.empty = compiled is None
+        where, params = compiled or ("", ())
+        self.params = params
+        #: ``DELETE FROM … WHERE (…) AND <pk>``: the caller adds ``IN (…)`` or ``= ANY(…)``.
+        self.head = (
+            f"DELETE FROM {table} WHERE " + (f"({where}) AND " if where else "") + f"{table}.{qn(pk.column)}"
+        )
+        self.delete = f"{self.head} IN "
+
+    @classmethod
+    def build(cls, queryset: QuerySet[Any]) -> Where | None:
+        return cls(queryset) if compiler.plain(queryset) else None
+
+    def prepared(self, pks: Sequence[Any], connection: BaseDatabaseWrapper) -> Sequence[Any]:
+        """``pks`` as the database takes them (integer keys go as they are)."""
+        if self.plain_pk:
+            return pks
+        return [self.pk_field.get_db_prep_value(pk, connection) for pk in pks]
+
+
+def kept_where(queryset: QuerySet[Any], where: Q | Callable[[], Q] | None, key: Hashable) -> Where | None:
+    """The ``WHERE`` of ``queryset`` and ``where`` kept under ``key`` (see :func:`delete_pks`),
+    or ``None`` where it cannot be kept (a join)."""
+    return keep(("delete", key, queryset.db), lambda: Where.build(filtered(queryset, where)))
+
+
+def filtered(queryset: QuerySet[Any], where: Q | Callable[[], Q] | None) -> QuerySet[Any]:
+    condition = where() if callable(where) else where
+    return queryset if condition is None else queryset.filter(condition)
+
+
+def delete_pks(
+    queryset: QuerySet[Any],
+    pks: Sequence[Any],
+    *,
+    where: Q | Callable[[], Q] | None = None,
+    key: Hashable | None = None,
+) -> int:
+    """DELETE the rows of ``queryset`` (and ``where``) whose primary key is in ``pks`` (no
+    signals, no cascades in Python: :func:`delete_rows`); return how many. ``key`` names the
+    filter (``where`` may then be a function that builds it), which is compiled once and kept:
+    the keys change from call to call, the filter not."""
+    if not pks:
+        return 0
+    using = queryset.db
+    kept = kept_where(queryset, where, key) if key is not None else None
+    if kept is None:
+        rows = filtered(queryset, where)
+        return sum(delete_rows(rows.filter(pk__in=chunk)) for chunk in batched(pks, using))
+    if kept.empty:
+        return 0
+    connection = connections[using]
+    total = 0
+    for chunk in batched(pks, using):
+        chunk = kept.prepared(chunk, connection)
+        sql = f"{kept.delete}({', '.join(['%s'] * len(chunk))})"
+        total += compiler.send(connection, sql, [*kept.params, *chunk], "rowcount")
+    return total
+
+
+def delete_rows(queryset: QuerySet[Any]) -> int:
+    """DELETE every row of ``queryset`` in one statement, on its database (no signals, no
+    cascades in Python: the database's own foreign keys cascade); return how many."""
+    return compiler.raw_delete(queryset)
+
+
+# -- counters ----------------------------------------------------------------------------------
+
+
+def add_to(model: type[Model], using: str, match: dict[str, Any], deltas: dict[str, int]) -> int:
+    """Add ``deltas`` (field name: number) to the rows of ``model`` whose fields equal
+    ``match`` (plain values); return how many rows. One ``UPDATE``, its SQL kept per shape."""
+
+    def build() -> str:
+        qn = connections[using].ops.quote_name
+        columns = [qn(compiler.column(model, name)) for name in deltas]
+        sets = ", ".join(f"{column} = {column} + %s" for column in columns)
+        where = " AND ".join(f"{qn(compiler.column(model, name))} = %s" for name in match)
+        return f"UPDATE {qn(model._meta.db_table)} SET {sets} WHERE {where}"
+
+    sql = keep(("add", model, using, tuple(match), tuple(deltas)), build)
+    return compiler.send(
+        connections[using], sql, [*deltas.values(), *match.values()], "rowcount"
+    )  # fetch="rowcount": an int
+
+
+# -- a one-row INSERT ---------------------------------------------------------------------------
+
+
+def _only_if(sql: str, connection: BaseDatabaseWrapper, guard: type[Model]) -> str:
+    """Turn a one-row ``INSERT … VALUES (…) [RETURNING …]`` into ``INSERT … SELECT … FROM
+    <guard's table> WHERE <its key> = %s [RETURNING …]``: the same statement, which writes
+    its row only while that row exists (one more parameter, after the statement's own). The
+    same text on every database; it costs the planner less than ``WHERE EXISTS (…)``."""
+    start = sql.index(" VALUES (")
+    end = sql.find(" RETURNING ")
+    close = sql.rindex(")", 0, len(sql) if end < 0 else end)
+    values = sql[start + len(" VALUES (") : close]
+    qn = connection.ops.quote_name
+    pk = guard._meta.pk
+    assert pk is not None
+    table, key = qn(guard._meta.db_table), qn(compiler.column(guard, pk.name))
+    return f"{sql[:start]} SELECT {values} FROM {table} WHERE {table}.{key} = %s{sql[close + 1 :]}"
+
+
+class OneRowInsert:
+    """A one-row ``INSERT … RETURNING`` as Django's compiler writes it for one shape of row
+    (which fields hold :class:`DbNow` values, and whether those have an offset), kept with the
+    converters of what it returns. Building the statement costs about as much as a round trip
+    to a local server; a put sends the same few shapes all its life. ``guard``: the model
+    of :func:`engine.insert`'s ``only_if`` (its row's key is the statement's last parameter)."""
+
+    def __init__(
+        self,
+        obj: Model,
+        using: str,
+        fields: list[Any],
+        returned: list[Any],
+        notify: bool,
+        guard: type[Model] | None = None,
+    ) -> None:
+        sql, insert = compiler.compile_insert(obj, using, fields, returned)
+        connection = insert.connection
+        if guard is not None:
+            sql = _only_if(sql, connection, guard)
+        self.sql = notifying(sql, [], "")[0] if notify else sql
+        # Held so that their ids, part of this statement's key, are not reused.
+        self.field_lists = (fields, returned)
+        # Per field: its DbNow shape, whether it reads its value through pre_save (auto_now
+        # dates and fields that override it), and whether it stores None as NULL as is.
+        self.fields = [
+            (
+                field,
+                _shape_of(field, obj),
+                field.attname,
+                _own_pre_save(field),
+                field.get_db_prep_save(None, connection) is None,
+            )
+            for field in fields
+        ]
+        self.converters = compiler.converters(insert, type(obj), returned)
+
+    def params(self, obj: Model, connection: BaseDatabaseWrapper, only_if: Model | None = None) -> list[Any]:
+        """The statement's parameters for ``obj`` (and the guard's key), as the compiler would
+        prepare them."""
+        params: list[Any] = []
+        for field, now, attname, pre_save, none_is_null in self.fields:
+            if now is None:
+                value = field.pre_save(obj, True) if pre_save else getattr(obj, attname)
+                params.append(
+                    None if value is None and none_is_null else field.get_db_prep_save(value, connection)
+                )
+            else:
+                value = getattr(obj, attname)
+                params.extend(getattr(value, f"as_{connection.vendor}")(None, connection)[1])
+        if only_if is not None:
+            pk = only_if._meta.pk
+            assert pk is not None
+            params.append(pk.get_db_prep_value(only_if.pk, connection))
+        return params
+
+    def convert(self, row: Sequence[Any], connection: BaseDatabaseWrapper) -> list[Any]:
+        """The returned values as the model's fields hold them (e.g. aware datetimes)."""
+        return compiler.convert(row, self.converters, connection)
+
+
+_one_row_inserts: dict[tuple[Any, ...], OneRowInsert] = {}
+
+
+def _own_pre_save(field: Any) -> bool:
+    """Whether ``field.pre_save`` may give other than the instance's value (auto_now and
+    auto_now_add dates, and fields whose classes override it)."""
+    if getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False):
+        return True
+    return type(field).pre_save not in (Field.pre_save, DateField.pre_save, DateTimeField.pre_save)
+
+
+#: Types of values that are never expressions (most of a row's values).
+_PLAIN = frozenset({int, str, float, bool, dict, list, datetime.datetime})
+
+
+def _shape_of(field: Any, obj: Model) -> bool | None:
+    """A field's part of a statement's shape: None for a plain value, else whether its
+    :class:`DbNow` has an offset (which adds a parameter). Other expressions raise TypeError."""
+    value = getattr(obj, field.attname)
+    if value is None or type(value) in _PLAIN:
+        return None
+    if isinstance(value, DbNow):
+        return bool(value.seconds)
+    if hasattr(value, "resolve_expression"):
+        raise TypeError(value)
+    return None
+
+
+def one_row_insert(
+    obj: Model,
+    using: str,
+    fields: list[Any],
+    returned: list[Any],
+    notify: bool,
+    only_if: Model | None = None,
+) -> OneRowInsert | None:
+    """The kept statement for ``obj``'s shape; None if a value is an expression other than
+    :class:`DbNow` (the compiler handles those)."""
+    try:
+        nows = tuple([_shape_of(field, obj) for field in fields])
+    except TypeError:
+        return None
+    guard = None if only_if is None else type(only_if)
+    # The fields are the lists insert_fields keeps: their names are the same as long as
+    # they are (and a kept statement holds them, so their ids are not reused).
+    shape = (using, type(obj), id(fields), id(returned), nows, notify, guard)
+    statement = _one_row_inserts.get(shape)
+    if statement is None:
+        statement = _one_row_inserts[shape] = OneRowInsert(obj, using, fields, returned, notify, guard)
+    return statement

@@ -1,0 +1,158 @@
+"""Write transactions: the write lock first (SQLite), retries of deadlocks and lock timeouts
+(:class:`DatabaseBusy` when they cannot be retried), and dropping a connection the server
+left broken."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+from django.db import DatabaseError, connections, transaction
+from django.db.models import Model
+
+from ..conf import setting
+from ..exceptions import DatabaseBusy, TaskloopError
+from .vendor import is_retryable, take_write_lock, writers_in_turn
+
+T = TypeVar("T")
+
+
+@contextmanager
+def write_transaction(
+    model: type[Model], using: str, savepoint: bool = True, lock_first: bool = True
+) -> Iterator[None]:
+    """Open ``atomic(using)`` whose first statement takes the write lock where that matters.
+
+    On SQLite the whole database is the lock: taking it first turns a lock-upgrade deadlock
+    into an ordinary wait bounded by the busy timeout. On other databases this is ``atomic``.
+    ``lock_first=False`` for work whose first statement writes anyway (it takes the lock).
+    """
+    with transaction.atomic(using=using, savepoint=savepoint):
+        if lock_first:
+            take_write_lock(connections[using], model._meta.db_table)
+        yield
+
+
+def run_in_transaction(
+    model: type[Model],
+    using: str,
+    work: Callable[[], T],
+    savepoint: bool = True,
+    alone: bool = False,
+    lock_first: bool = True,
+) -> T:
+    """Run ``work()`` in a write transaction, retrying deadlocks and lock timeouts.
+
+    Retries happen only when this is the outermost transaction: inside a caller's
+    ``atomic()`` a deadlock has already spoiled the caller's transaction, so it surfaces as
+    :class:`DatabaseBusy` for the caller to retry whole. ``savepoint=False`` saves the two
+    round trips of a savepoint when nested, for work that raises only database errors (which
+    spoil the enclosing transaction anyway). ``alone=True`` is for work that is one statement:
+    a statement is atomic by itself, so outside a caller's transaction it runs in autocommit
+    (no BEGIN and COMMIT round trips), and inside one it simply joins it. ``lock_first``: see
+    :func:`write_transaction`.
+    """
+    outermost = not connections[using].in_atomic_block
+    attempt = 0
+    while True:
+        try:
+            return _run_once(model, using, work, outermost, savepoint, alone, lock_first)
+        except (DatabaseError, DatabaseBusy) as raised:
+            _give_up_unless_retryable(raised, using, outermost, attempt)
+            attempt += 1
+            # Jitter keeps the retrying processes from colliding again in step.
+            time.sleep(min(0.5, 0.01 * 2**attempt) * random.uniform(0.5, 1.5))
+
+
+def _run_once(
+    model: type[Model],
+    using: str,
+    work: Callable[[], T],
+    outermost: bool,
+    savepoint: bool,
+    alone: bool,
+    lock_first: bool,
+) -> T:
+    """One try of :func:`run_in_transaction`."""
+    if alone:
+        # As save() does: inside a caller's transaction an error marks it for rollback.
+        with transaction.mark_for_rollback_on_error(using):
+            if not outermost:
+                return work()
+            with writers_in_turn(using):
+                return work()
+    if not outermost:
+        with write_transaction(model, using, savepoint=savepoint, lock_first=lock_first):
+            return work()
+    # SQLite: our own writers queue for the write lock (see writers_in_turn), and the
+    # next one's turn comes at the commit, before the on_commit hooks run.
+    with writers_in_turn(using) as let_go, write_transaction(model, using, lock_first=lock_first):
+        transaction.on_commit(let_go, using=using)
+        return work()
+
+
+def _give_up_unless_retryable(
+    raised: DatabaseError | DatabaseBusy, using: str, outermost: bool, attempt: int
+) -> None:
+    """Return if a try that raised ``raised`` may be retried; else raise what the caller gets.
+
+    A :class:`DatabaseBusy` from work nested inside (an inner run_in_transaction, which never
+    retries) is retried by the outermost one, the one layer that can replay the transaction.
+    """
+    error = raised.__cause__ if isinstance(raised, DatabaseBusy) else raised
+    if not isinstance(error, DatabaseError) or not is_retryable(error, using):
+        if outermost:
+            discard_if_broken(using)
+        raise raised
+    if not outermost:
+        if isinstance(raised, DatabaseBusy):
+            raise raised
+        raise DatabaseBusy(
+            f"database {using!r} was locked or deadlocked inside a transaction of the "
+            f"caller's ({error}); it is the caller's to retry whole"
+        ) from error
+    if attempt >= setting("RETRIES"):
+        tries = "1 try" if attempt == 0 else f"{attempt + 1} tries"
+        raise DatabaseBusy(
+            f"database {using!r} stayed locked or deadlocked after {tries} "
+            f"({error}); on SQLite, raise OPTIONS['timeout'] or use fewer writers"
+        ) from error
+
+
+def discard_if_broken(using: str) -> None:
+    """Close the connection ``using`` if an error left it unusable (the server went away).
+
+    Django drops such connections between requests; a worker or a script that keeps calling
+    verbs would otherwise get "server has gone away" from every later call. Closing it lets the
+    next call reconnect. Only for use outside any transaction.
+    """
+    connection = connections[using]
+    if connection.connection is not None and connection.errors_occurred and not connection.in_atomic_block:
+        if not connection.is_usable():
+            connection.close()
+
+
+def poll(until: Callable[[], bool], timeout: float | None, *, using: str, what: str) -> bool:
+    """Call ``until()`` with backoff (``POLL_MIN`` up to ``POLL_MAX``) until it is true
+    (``True``) or ``timeout`` seconds pass (``False``; ``None``: never): a wait for what other
+    transactions commit. The state is checked before the clock, so a zero timeout still looks
+    once. Waiting (a timeout other than 0) inside a transaction of database ``using`` raises
+    :class:`TaskloopError` naming ``what``: it would never see the commit it waits for."""
+    if (timeout is None or timeout > 0) and connections[using].in_atomic_block:
+        raise TaskloopError(
+            f"{what} with a timeout cannot run inside atomic(): it would never see the commit it waits for"
+        )
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = setting("POLL_MIN")
+    while True:
+        if until():
+            return True
+        left = math.inf if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(delay, left))
+        delay = min(delay * setting("POLL_FACTOR"), setting("POLL_MAX"))

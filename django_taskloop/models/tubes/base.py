@@ -1,0 +1,311 @@
+"""What every tube verb stands on: the tube's fields, its helpers and its time-driven transitions."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import models, transaction
+from django.db.models import Q
+
+from ... import engine, wakeup
+from ...conf import setting
+from ...exceptions import NotFound, NotTaken
+from .common import (
+    _BEAT_EVERY,
+    _COLUMN,
+    _STALE_CHECK_EVERY,
+    BURIED,
+    DELAYED,
+    DONE,
+    READY,
+    SLOTS,
+    TAKEN,
+    TTL_TYPES,
+    TUBE_TYPES,
+    UTUBE_TYPES,
+    _slot,
+)
+from .records import Consumer, Task, TaskQuerySet, TubeStat, _beats, _check_task_id
+
+# -- per-process state ---------------------------------------------------------------------
+
+_callbacks: dict[tuple[str, int], Callable[[Task, str], Any]] = {}
+_stale_checks: dict[tuple[str, int], float] = {}
+_due_checks: dict[tuple[str, int], float] = {}
+#: Each tube's base queryset of its tasks, by (database, tube id) (see Tube._tasks).
+_task_querysets: dict[tuple[str, int], TaskQuerySet] = {}
+
+
+def _reset_after_fork() -> None:
+    # A child is a new consumer: it must beat on its own, and check for the dead afresh.
+    _beats.clear()
+    _stale_checks.clear()
+    _due_checks.clear()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+class TubeBase(models.Model):
+    """A tube's row and the helpers of its verbs (see :class:`Tube`)."""
+
+    name = models.CharField(max_length=100, unique=True)
+    type = models.CharField(max_length=10, choices=[(t, t) for t in TUBE_TYPES])
+    ttl = models.FloatField(null=True, blank=True, help_text="Default time to live of a task (seconds).")
+    ttr = models.FloatField(null=True, blank=True, help_text="Default time to run of a taken task (seconds).")
+    pri = models.IntegerField(null=True, blank=True, help_text="Default priority (lower first).")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.type})"
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    @property
+    def _using(self) -> str:
+        return self._state.db or "default"
+
+    @property
+    def using(self) -> str:
+        """The alias of the database this tube and its tasks live on."""
+        return self._state.db or "default"
+
+    @property
+    def _has_ttl(self) -> bool:
+        return self.type in TTL_TYPES
+
+    @property
+    def _is_utube(self) -> bool:
+        return self.type in UTUBE_TYPES
+
+    def _tasks(self) -> TaskQuerySet:
+        """This tube's tasks: a fresh queryset each call (``all()`` of one built once; a
+        worker's batches ask for it twice each, and building the filter costs more than
+        the statements it names)."""
+        key = (self._using, self.pk)
+        base = _task_querysets.get(key)
+        if base is None:
+            if len(_task_querysets) >= 1024:
+                _task_querysets.clear()
+            # Never evaluated itself (only its clones are), so it holds no rows.
+            base = _task_querysets[key] = Task.objects.using(key[0]).filter(tube_id=key[1])
+        return base.all()
+
+    def _exists(self) -> bool:
+        return type(self)._default_manager.using(self._using).filter(pk=self.pk).exists()
+
+    def _gone(self) -> NotFound:
+        return NotFound(f"tube {self.name!r} does not exist (dropped?)")
+
+    def _ensure_exists(self) -> None:
+        if not self._exists():
+            raise self._gone()
+
+    def _run(self, work: Callable[[], Any], lock_first: bool = True) -> Any:
+        """Run ``work`` in a write transaction, retrying deadlocks when outermost (the engine
+        retries the whole transaction, claim and counters, once per deadlock: one layer).
+
+        ``lock_first=False``: ``work``'s first statement writes (see ``engine.write_transaction``).
+        """
+        return engine.run_in_transaction(Task, self._using, work, lock_first=lock_first)
+
+    def _count(self, **deltas: int) -> None:
+        """Add ``deltas`` to this process's counter slot, in the current transaction."""
+        deltas = {_COLUMN.get(k, k): n for k, n in deltas.items() if n}
+        if not deltas:
+            return
+        slot = {"tube_id": self.pk, "slot": _slot()}
+        if engine.add_to(TubeStat, self._using, slot, deltas):
+            return
+        # No slot rows: the tube was dropped, or made without create_tube (admin, fixtures).
+        self._ensure_exists()
+        TubeStat.objects.using(self._using).bulk_create(
+            [TubeStat(tube_id=self.pk, slot=s) for s in range(SLOTS)], ignore_conflicts=True
+        )
+        engine.add_to(TubeStat, self._using, slot, deltas)
+
+    def _emit(self, task: Task, event: str) -> None:
+        callback = _callbacks.get((self._using, self.pk))
+        if callback is None:
+            return
+        snapshot = copy.copy(task)
+        transaction.on_commit(lambda: callback(snapshot, event), using=self._using)
+
+    def _wake(self) -> None:
+        """Tell waiting consumers (here at commit, elsewhere via NOTIFY) that a task is ready."""
+        using, pk = self._using, self.pk
+        wakeup.send_notify(using, pk)
+        transaction.on_commit(lambda: wakeup.notify(using, pk), using=using)
+
+    def _beat(self, consumer: str, register: bool = True) -> None:
+        """Record that ``consumer`` is alive, unless this process did so lately (see _BEAT_EVERY).
+
+        ``register=False`` (ack, release, touch and their batches) only refreshes a consumer
+        already known: one with no row holds no task, so the call will do nothing for it, and
+        a refused call must leave no row behind.
+        """
+        every = min(_BEAT_EVERY, float(setting("CONSUMER_TIMEOUT")) / 4)
+        if time.monotonic() - _beats.get((self._using, consumer), -math.inf) < every:
+            return
+        Consumer.objects.using(self._using).beat(consumer, register=register)
+
+    def _due(self, stale: bool = True) -> Q:
+        """Rows with a transition due now (a delay, ttr or ttl ran out, or the holder died)."""
+        due = Q(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow())
+        if stale:
+            due |= Q(state=TAKEN, owner__in=Consumer.objects.using(self._using).dead().values("name"))
+        return due | Q(state__in=[READY, BURIED], ttl_at__lte=engine.DbNow())
+
+    def _existing(self, task_id: int, *, lock: bool) -> Task:
+        """Return the task as it is now; :class:`NotFound` (or the tube's own) if there is none."""
+        task = self._row(task_id, lock=lock)
+        if task is None:
+            self._ensure_exists()
+            raise NotFound(f"task {task_id} not found")
+        return task
+
+    def _row(self, task_id: int, *, lock: bool) -> Task | None:
+        """Return the task as it is now (due transitions applied), or ``None``."""
+        for _ in range(2):
+            rows = self._tasks().filter(pk=task_id)
+            if lock:
+                rows = rows.select_for_update()
+            row = rows.annotate(
+                _is_due=models.ExpressionWrapper(self._due(), output_field=models.BooleanField())
+            ).first()
+            if row is None or not row._is_due:
+                if row is not None:
+                    del row._is_due
+                return row
+            self.tidy()
+        return row
+
+    def _owned(self, task_id: int, consumer: str) -> Task:
+        """Return the locked task if ``consumer`` holds it; else raise (NotFound first)."""
+        row = self._row(task_id, lock=True)
+        if row is None or row.state != TAKEN or row.owner != consumer:
+            self._ensure_exists()
+            raise NotTaken(f"task {task_id} is not taken by consumer {consumer!r}")
+        return row
+
+    # -- time-driven transitions -----------------------------------------------------------
+
+    def tidy(self, stale: bool = True) -> dict[str, int]:
+        """Apply this tube's due transitions now; return the counts per kind.
+
+        Delayed tasks whose delay ran out and taken tasks whose ttr ran out become ready;
+        with ``stale``, so do the tasks of consumers whose heartbeat is older than
+        ``CONSUMER_TIMEOUT``; ready and buried tasks whose ttl ran out are removed.
+        """
+        done = {"delay": 0, "ttr": 0, "ttl": 0, "release": 0}
+        if not self._tasks().filter(self._due(stale)).exists():
+            # Nothing due: a plain read instead of a write transaction (on SQLite, the lock).
+            self._ensure_exists()
+            return done
+
+        def work() -> None:
+            self._ensure_exists()
+            self._ready_again(stale, done)
+            done["ttl"] = self._remove_expired()
+            self._count(
+                delay=done["delay"],
+                ttr=done["ttr"],
+                release=done["release"],
+                ttl=done["ttl"],
+                delete=done["ttl"],
+                done=done["ttl"],
+            )
+
+        self._run(work)
+        return done
+
+    def _ready_again(self, stale: bool, done: dict[str, int]) -> None:
+        """Make ready the tasks whose delay or ttr ran out (with ``stale``, and those that dead
+        consumers hold), adding them to ``done`` by kind. Rows a rival is changing are
+        skipped (engine.lock_free): it applies the transition, or we do next time."""
+        tasks = self._tasks()
+        back = engine.lock_free(
+            tasks.filter(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow()).order_by("pk")
+        )
+        dead_held: list[Task] = []
+        if stale:
+            dead = Consumer.objects.using(self._using).dead().values("name")
+            dead_held = engine.lock_free(
+                tasks.filter(state=TAKEN, owner__in=dead).exclude(pk__in=[t.pk for t in back]).order_by("pk")
+            )
+            back += dead_held
+        if not back:
+            return
+        tasks.filter(pk__in=[t.pk for t in back]).update(
+            state=READY, owner=None, taken_key=None, event_at=None
+        )
+        due = len(back) - len(dead_held)
+        for i, task in enumerate(back):
+            kind = "release" if i >= due else "delay" if task.state == DELAYED else "ttr"
+            done[kind] += 1
+            task.state, task.owner, task.taken_key, task.event_at = READY, None, None, None
+            self._emit(task, kind)
+        self._wake()
+
+    def _remove_expired(self) -> int:
+        """Remove the ready and buried tasks whose ttl ran out; return how many."""
+        tasks = self._tasks()
+        expired = engine.lock_free(
+            tasks.filter(state__in=[READY, BURIED], ttl_at__lte=engine.DbNow()).order_by("pk")
+        )
+        if expired:
+            engine.delete_rows(tasks.filter(pk__in=[t.pk for t in expired]))
+            for task in expired:
+                task.state = DONE
+                self._emit(task, "delete")
+                self._emit(task, "ttl")
+        return len(expired)
+
+    def _tidy_for_take(self, every: float = 0.0) -> None:
+        """Before a take: apply due transitions if there are any (one cheap indexed read).
+
+        ``every``: probe for ended delays and ttrs at most that often per process (a worker's
+        batches: the clock's transitions need to show within a second, not within a batch).
+        """
+        key = (self._using, self.pk)
+        now = time.monotonic()
+        stale = now - _stale_checks.get(key, -math.inf) >= _STALE_CHECK_EVERY
+        if stale:
+            _stale_checks[key] = now
+            dead = Consumer.objects.using(self._using).dead().values("name")
+            if self._tasks().filter(state=TAKEN, owner__in=dead).exists():
+                self.tidy(stale=True)
+                return
+        if not self._has_ttl or (every and now - _due_checks.get(key, -math.inf) < every):
+            return
+        _due_checks[key] = now
+        if self._tasks().filter(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow()).exists():
+            self.tidy(stale=False)
+
+    def peek(self, task_id: int) -> Task:
+        """Return the task as it is now; :class:`NotFound` if there is none."""
+        task_id = _check_task_id(task_id)
+        return self._existing(task_id, lock=False)
+
+    def on_task_change(
+        self, callback: Callable[[Task, str], Any] | None
+    ) -> Callable[[Task, str], Any] | None:
+        """Call ``callback(task, event)`` after each committed change made by this process;
+        return the previous callback. ``None`` clears it."""
+        if callback is not None and not callable(callback):
+            raise TypeError("callback must be callable or None")
+        key = (self._using, self.pk)
+        previous = _callbacks.get(key)
+        if callback is None:
+            _callbacks.pop(key, None)
+        else:
+            _callbacks[key] = callback
+        return previous

@@ -1,0 +1,520 @@
+"""A tube's consumer verbs: take (and wait for) tasks, then ack, release or touch them."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from django.db import IntegrityError, connections, models
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+
+from ... import engine, wakeup
+from ...exceptions import NotFound, NotTaken, TaskloopError, TubeError
+from ...validation import (
+    check_count,
+    check_seconds,
+)
+from .. import operating
+from .base import TubeBase, _callbacks, _stale_checks
+from .common import (
+    _BATCH_COUNTERS,
+    _STALE_CHECK_EVERY,
+    _TAKE_ORDER,
+    _WORKER_DUE_CHECK_EVERY,
+    DELAYED,
+    DONE,
+    READY,
+    TAKEN,
+    _alive,
+    _check_consumer,
+    _check_timeout,
+    _slot,
+    _taken_deadline,
+    _taken_key,
+    _touched,
+)
+from .records import Consumer, Task, TubeStat, TubeWaiter, _check_task_id, _check_task_ids
+
+
+def worth_trying(tubes: Sequence[TubeConsuming]) -> dict[int, str]:
+    """Say, in one read, which of ``tubes`` (of one database) a take may find something in now.
+
+    For waiting takes and idle workers. Return ``{tube id: what}`` for the tubes that still
+    exist: ``"due"`` if a transition is due (a delay or ttr ran out; about once a second per
+    tube, a dead consumer holds a task: the take applies it first), else ``"ready"`` if
+    something is claimable (the take may skip its own checks: ``_take(checked=True)``), else
+    ``""``; always ``""`` for a paused tube.
+    """
+    if not tubes:
+        return {}
+    using = tubes[0]._using
+    now = time.monotonic()
+    stale: set[int] = set()
+    whens = []
+    for tube in tubes:
+        key = (using, tube.pk)
+        if now - _stale_checks.get(key, -math.inf) >= _STALE_CHECK_EVERY:
+            _stale_checks[key] = now
+            stale.add(tube.pk)
+        due, ready = tube._worth(tube.pk in stale)
+        if due is not None:
+            whens.append(When(due, then=Value("due")))
+        whens.append(When(ready, then=Value("ready")))
+    rows = (
+        type(tubes[0])
+        ._default_manager.using(using)
+        .filter(pk__in=[tube.pk for tube in tubes])
+        .annotate(worth=Case(*whens, default=Value(""), output_field=models.CharField()))
+        .order_by()
+        .values_list("pk", "worth")
+    )
+    worth = {pk: what or "" for pk, what in rows}
+    for pk in stale:
+        if worth.get(pk):
+            # Maybe a dead consumer's tasks: the take's tidy must look for itself at once.
+            _stale_checks.pop((using, pk), None)
+    return worth
+
+
+class TubeConsuming(TubeBase):
+    """A tube's consumer verbs (see :class:`Tube`)."""
+
+    class Meta:
+        abstract = True
+
+    def take(self, timeout: float | None = 0, consumer: str | None = None) -> Task | None:
+        """Take the best ready task for ``consumer`` and return it, or ``None``.
+
+        Always tries once at once; then waits up to ``timeout`` seconds (``None``: forever)
+        and wakes promptly when a task becomes ready.
+        """
+        return self.wait_take(timeout, consumer)
+
+    def wait_take(
+        self,
+        timeout: float | None = 0,
+        consumer: str | None = None,
+        *,
+        stop: Callable[[], bool] | None = None,
+    ) -> Task | None:
+        """``take(timeout, consumer)`` that also ends its wait, with ``None``, as soon as
+        ``stop()`` returns true (asked after each wake-up): a worker's wait for its next task."""
+        timeout = _check_timeout(timeout)
+        consumer = _check_consumer(consumer)
+        using = self._using
+        if (timeout is None or timeout > 0) and connections[using].in_atomic_block:
+            raise TaskloopError(
+                "take(timeout > 0) cannot wait inside a transaction: it would never see the commit "
+                "it waits for; use take(0) there"
+            )
+        return self._wait_take(timeout, consumer, stop)
+
+    def _wait_take(
+        self, timeout: float | None, consumer: str, stop: Callable[[], bool] | None = None
+    ) -> Task | None:
+        """``take(timeout)``; a worker passes ``stop``, which ends the wait when it says so."""
+        using = self._using
+        end = None if timeout is None else time.monotonic() + timeout
+        tasks = self._take(1, consumer)
+        if tasks or timeout == 0:
+            return tasks[0] if tasks else None
+        waiter = wakeup.Waiter(using, self.pk)
+        try:
+            registration = TubeWaiter.objects.using(using).register(self, consumer, timeout)
+            try:
+                # One more try now that the waiter listens: a task made ready since the first
+                # try is either taken here or wakes the sleep below.
+                tasks = self._take(1, consumer)
+                while not tasks:
+                    left = None if end is None else end - time.monotonic()
+                    if (left is not None and left <= 0) or (stop is not None and stop()):
+                        return None
+                    waiter.sleep(left)
+                    registration.refresh()
+                    # Woken by a change or by the clock: one cheap read says whether a take
+                    # may find something (or has due transitions to apply).
+                    worth = self._worth_trying()
+                    if worth:
+                        tasks = self._take(1, consumer, checked=worth == "ready")
+                return tasks[0]
+            finally:
+                registration.close()
+        finally:
+            waiter.close()
+
+    def _worth_trying(self) -> str:
+        """Say whether a take may find something now: one read, for waiting takes (see
+        :func:`worth_trying`). Raises :class:`NotFound` if the tube is gone."""
+        worth = worth_trying([self])
+        if self.pk not in worth:
+            raise self._gone()
+        return worth[self.pk]
+
+    def _worth(self, stale: bool) -> tuple[Q | None, Q]:
+        """On tube rows: this tube, not paused, with a transition due (a delay or ttr ran out;
+        with ``stale``, a dead consumer holds a task; ``None`` if nothing can be); the same with
+        something claimable."""
+        tasks = Task.objects.filter(tube_id=self.pk)
+        due = []
+        if self._has_ttl:
+            # (What _tidy_for_take applies: a ready task past its ttl is not worth a take.)
+            due.append(Exists(tasks.filter(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow())))
+        if stale:
+            dead = Consumer.objects.dead().values("name")
+            due.append(Exists(tasks.filter(state=TAKEN, owner__in=dead)))
+        paused = operating.PausedQueue.objects.filter(kind="task", queue=self.name)
+        this = Q(pk=self.pk) & ~Q(Exists(paused))
+        ready = this & Q(Exists(tasks.filter(self._claimable())))
+        return (this & Q(*due, _connector=Q.OR) if due else None), ready
+
+    def take_many(self, limit: int, consumer: str | None = None, *, checked: bool = False) -> list[Task]:
+        """Take up to ``limit`` ready tasks at once for ``consumer`` (no waiting).
+
+        ``checked``: the caller has just read :func:`worth_trying` for this tube and got
+        ``"ready"`` (not paused, no transition due), so the take skips those two looks.
+        """
+        limit = check_count(limit, "limit", minimum=1)
+        return self._take(limit, _check_consumer(consumer), checked=bool(checked))
+
+    def _claimable(self) -> Q:
+        claimable = Q(state=READY)
+        if self._has_ttl:
+            claimable &= _alive()
+        else:
+            # fifo/utube tasks all have pri 0: saying so lets the (tube, state, pri, id) index
+            # serve the id order.
+            claimable &= Q(pri=0)
+        if self._is_utube:
+            # Only the head of a sub-queue is claimable: no task of it is taken, and no ready
+            # one comes before it. Two consumers then aim at the same row (one wins under
+            # SKIP LOCKED) instead of at two rows of one sub-queue, which the unique
+            # taken_key would refuse only after one waited for the other's commit.
+            alive = _alive() if self._has_ttl else Q()
+            before = Q(pri__lt=OuterRef("pri")) | Q(pri=OuterRef("pri"), id__lt=OuterRef("id"))
+            ahead = Q(state=TAKEN) | Q(alive, before, state=READY)
+            siblings = Task.objects.filter(tube_id=self.pk)
+            claimable &= Q(utube__isnull=True) & ~Exists(siblings.filter(ahead, utube__isnull=True)) | Q(
+                utube__isnull=False
+            ) & ~Exists(siblings.filter(ahead, utube=OuterRef("utube")))
+        return claimable
+
+    def _order(self) -> list[str]:
+        # fifo/utube tasks all have pri 0, so this is their id order; saying pri too lets the
+        # claim index serve it (PostgreSQL would otherwise walk the primary key and filter).
+        return list(_TAKE_ORDER)
+
+    def ack_and_take(
+        self, task_ids: Iterable[int], limit: int, consumer: str | None = None
+    ) -> tuple[int, list[Task]]:
+        """Finish the tasks of ``task_ids`` that ``consumer`` holds and take up to ``limit``
+        ready ones, in one transaction: what a worker does between two batches (one commit and
+        one counter write instead of two of each). Return ``(acknowledged, taken)``."""
+        ids = _check_task_ids(task_ids)
+        limit = check_count(limit, "limit")
+        consumer = _check_consumer(consumer)
+        return self._take(limit, consumer, ack=ids, due_every=_WORKER_DUE_CHECK_EVERY)
+
+    def _take(
+        self,
+        limit: int,
+        consumer: str,
+        ack: list[int] | None = None,
+        due_every: float = 0.0,
+        checked: bool = False,
+    ) -> Any:
+        """Take up to ``limit`` tasks; with ``ack``, first finish those (and return both).
+        ``checked``: a read of worth_trying() just found the tube not paused and nothing due,
+        so neither needs another look."""
+        self._beat(consumer)
+        if not limit or (not checked and operating.is_paused("task", self.name, self._using, fresh=False)):
+            # Paused: hand out nothing (a waiting take keeps waiting, polling the pause).
+            if ack is None:
+                self._ensure_exists()
+                return []
+            return self.ack_many(ack, consumer), []
+        if not checked:
+            self._tidy_for_take(due_every)
+        spec = self._claim_spec(limit, consumer).prepared()
+        watched = (self._using, self.pk) in _callbacks
+        if ack and not watched:
+            # PostgreSQL: the acknowledgement, the claim and the counters as one statement.
+            together = self._ack_and_claim_at_once(spec, ack, consumer)
+            if together is not None:
+                return together
+        return self._claim_with_retries(spec, consumer, ack, watched)
+
+    def _claim_spec(self, limit: int, consumer: str) -> engine.ClaimSpec:
+        """What a take claims and writes. A batch claim of a fifo tube may be one kept
+        statement (the engine's choice): its filter and changes are then built once, when
+        it is compiled. utube: the claimable rows are the sub-queue heads, so one batch never
+        holds two tasks of one sub-queue. A batch claim scans the claim index itself (no
+        candidate read first): with SKIP LOCKED it finds free rows past what rivals hold."""
+
+        def changes() -> dict[str, Any]:
+            # attempts counts takes, so that a worker can bury a task that keeps failing.
+            changes: dict[str, Any] = {"state": TAKEN, "owner": consumer, "attempts": F("attempts") + 1}
+            if self._has_ttl:
+                changes["event_at"] = _taken_deadline()
+            if self._is_utube:
+                changes["taken_key"] = _taken_key()
+            return changes
+
+        return engine.ClaimSpec(
+            self._tasks(),
+            limit=limit,
+            claimable=self._claimable,
+            order_by=self._order(),
+            changes=changes,
+            key=None if self._is_utube else self._kept_key("take", consumer),
+            direct=limit > 1,
+        )
+
+    def _ack_and_claim_at_once(
+        self, spec: engine.ClaimSpec, ack: list[int], consumer: str
+    ) -> tuple[int, list[Task]] | None:
+        """Acknowledge ``ack`` and claim ``spec`` in one statement where the engine can;
+        ``None`` where it cannot."""
+        together = engine.ack_and_claim(
+            spec,
+            ack,
+            where=lambda: self._held(consumer),
+            delete_key=self._kept_key("held", consumer),
+            counters=(TubeStat, {"tube_id": self.pk, "slot": _slot()}, _BATCH_COUNTERS),
+        )
+        if together is None:
+            return None
+        acked, tasks, counted = together
+        if not counted:
+            # No counter rows (a tube made without create_tube): make them, and count.
+            self._count(take=len(tasks), ack=acked, done=acked)
+        if not tasks and not acked:
+            self._ensure_exists()
+        return acked, tasks
+
+    def _claim_with_retries(
+        self, spec: engine.ClaimSpec, consumer: str, ack: list[int] | None, watched: bool
+    ) -> Any:
+        """Acknowledge ``ack`` (if any) and claim ``spec`` in one transaction, looking again
+        when utube's unique ``taken_key`` refuses a claim."""
+
+        def work() -> tuple[int, engine.Claimed]:
+            acked = self._ack_rows(ack, consumer) if ack else 0
+            claimed = spec.run(later=True)
+            self._count(take=len(claimed), ack=acked, done=acked)
+            if watched:
+                for task in claimed.instances():
+                    self._emit(task, "take")
+            # Otherwise the rows become Task instances after the commit (engine.claim's later).
+            return acked, claimed
+
+        # An acknowledgement that deletes at once writes first: no write lock to take before it.
+        writes_first = bool(ack) and not watched
+        for attempt in range(5):
+            try:
+                acked, claimed = self._run(work, lock_first=not writes_first)
+            except IntegrityError:
+                # utube: a rival took another task of the same sub-queue first (the unique
+                # taken_key refused ours), or a stale holder still blocks it. Look again.
+                if attempt >= 1:
+                    self.tidy()
+                continue
+            tasks = claimed.instances()
+            if not tasks and not acked:
+                self._ensure_exists()
+            return tasks if ack is None else (acked, tasks)
+        return [] if ack is None else (self.ack_many(ack, consumer), [])
+
+    def ack(self, task_id: int, consumer: str | None = None) -> Task:
+        """Finish the task ``consumer`` holds: remove it and return it with state ``"-"``."""
+        task_id = _check_task_id(task_id)
+        consumer = _check_consumer(consumer)
+        self._beat(consumer, register=False)
+
+        def work() -> Task:
+            # Fast path: the row as read, then a delete that re-checks the hold itself (the
+            # data it returns cannot change while the task is taken).
+            task = self._tasks().filter(pk=task_id).first()
+            if task is None or not engine.delete_rows(self._tasks().filter(self._held(consumer), pk=task_id)):
+                # Not held (or a timer is due): the slow path applies what is due and says why.
+                task = self._owned(task_id, consumer)
+                engine.delete_rows(self._tasks().filter(pk=task.pk))
+            self._count(ack=1, done=1)
+            task.state, task.owner, task.taken_key = DONE, None, None
+            self._emit(task, "delete")
+            return task
+
+        return self._run(work)
+
+    def _kept_key(self, what: str, consumer: str) -> tuple[Any, ...]:
+        """The name of an engine-kept statement of this tube for ``consumer`` ("take": the
+        claim, "held": the acknowledgement's filter): everything it depends on, the type
+        deciding the rest."""
+        return ("tube", what, self.pk, self.type, consumer)
+
+    def _held(self, consumer: str) -> Q:
+        """Tasks ``consumer`` holds now (for ttl drivers: whose ttr has not run out)."""
+        held = Q(state=TAKEN, owner=consumer)
+        if self._has_ttl:
+            held &= Q(event_at__isnull=True) | Q(event_at__gt=engine.DbNow())
+        return held
+
+    def ack_many(self, task_ids: Iterable[int], consumer: str | None = None) -> int:
+        """Finish every task of ``task_ids`` that ``consumer`` holds; return how many."""
+        ids = _check_task_ids(task_ids)
+        consumer = _check_consumer(consumer)
+        if not ids:
+            return 0
+        self._beat(consumer, register=False)
+
+        def work() -> int:
+            total = self._ack_rows(ids, consumer)
+            if total:
+                self._count(ack=total, done=total)
+            else:
+                self._ensure_exists()
+            return total
+
+        return self._run(work)
+
+    def _ack_rows(self, ids: list[int], consumer: str) -> int:
+        """Delete the tasks of ``ids`` that ``consumer`` holds (in the current transaction)."""
+        if (self._using, self.pk) not in _callbacks:
+            # The hot path of a worker's batches: one DELETE whose filter is compiled once.
+            return engine.delete_pks(
+                self._tasks(),
+                ids,
+                where=lambda: self._held(consumer),
+                key=self._kept_key("held", consumer),
+            )
+        held = self._held(consumer)
+        total = 0
+        for chunk in engine.batched(ids, self._using):
+            tasks = list(self._tasks().filter(held, pk__in=chunk).select_for_update())
+            total += engine.delete_rows(self._tasks().filter(pk__in=[t.pk for t in tasks]))
+            for task in tasks:
+                task.state, task.owner, task.taken_key = DONE, None, None
+                self._emit(task, "delete")
+        return total
+
+    def release(self, task_id: int, delay: float | None = None, consumer: str | None = None) -> Task:
+        """Give back the task ``consumer`` holds: ready again, or delayed by ``delay`` seconds."""
+        task_id = _check_task_id(task_id)
+        delay = check_seconds(delay, "delay", allow_none=True)
+        consumer = _check_consumer(consumer)
+        self._beat(consumer, register=False)
+
+        def work() -> Task:
+            task = self._owned(task_id, consumer)
+            changes: dict[str, Any] = {"state": READY, "owner": None, "taken_key": None, "event_at": None}
+            if self._has_ttl and delay and delay > 0:
+                changes["state"] = DELAYED
+                changes["event_at"] = engine.DbNow(delay)
+                # The delay extends the lifetime, as at put.
+                changes["ttl_at"] = engine.Shifted(delay, F("ttl_at"))
+            self._tasks().filter(pk=task.pk).update(**changes)
+            self._count(release=1)
+            task.refresh_from_db(using=self._using)
+            if task.state == READY:
+                self._wake()
+            self._emit(task, "release")
+            return task
+
+        return self._run(work)
+
+    def release_many(self, task_ids: Iterable[int], consumer: str | None = None) -> int:
+        """Give back (ready, no delay) every task of ``task_ids`` that ``consumer`` holds."""
+        ids = _check_task_ids(task_ids)
+        consumer = _check_consumer(consumer)
+        if not ids:
+            return 0
+        self._beat(consumer, register=False)
+        held = self._held(consumer)
+
+        def work() -> int:
+            total = 0
+            for chunk in engine.batched(ids, self._using):
+                tasks = list(self._tasks().filter(held, pk__in=chunk).select_for_update())
+                total += (
+                    self._tasks()
+                    .filter(pk__in=[t.pk for t in tasks])
+                    .update(state=READY, owner=None, taken_key=None, event_at=None)
+                )
+                for task in tasks:
+                    task.state, task.owner, task.taken_key, task.event_at = READY, None, None, None
+                    self._emit(task, "release")
+            if total:
+                self._count(release=total)
+                self._wake()
+            else:
+                self._ensure_exists()
+            return total
+
+        return self._run(work)
+
+    def touch(self, task_id: int, increment: float | None, consumer: str | None = None) -> Task:
+        """Give the task ``consumer`` holds ``increment`` more seconds of ttr and ttl.
+
+        ``None``, 0 or a negative increment returns the task unchanged (no ownership check).
+        """
+        task_id = _check_task_id(task_id)
+        increment = check_seconds(increment, "increment", allow_none=True)
+        consumer = _check_consumer(consumer)
+        if not increment or increment <= 0:
+            return self.peek(task_id)
+        self._beat(consumer, register=False)
+
+        def work() -> Task:
+            task = self._owned(task_id, consumer)
+            if not self._has_ttl:
+                raise TubeError(f"{self.type} tube does not support touch")
+            self._tasks().filter(pk=task.pk).update(**_touched(increment))
+            self._count(touch=1)
+            task.refresh_from_db(using=self._using)
+            self._emit(task, "touch")
+            return task
+
+        return self._run(work)
+
+    def touch_many(self, task_ids: Iterable[int], increment: float, consumer: str | None = None) -> int:
+        """:meth:`touch` each task of ``task_ids`` that ``consumer`` still holds by ``increment``
+        seconds, in one statement: a worker's heartbeat for its tasks in flight. Tasks it no
+        longer holds are left alone, no error; on fifo/utube tubes (no ttr) and with ``None``,
+        0 or a negative increment nothing is touched. Return how many were touched."""
+        ids = _check_task_ids(task_ids)
+        seconds = check_seconds(increment, "increment", allow_none=True)
+        consumer = _check_consumer(consumer)
+        if seconds is None or seconds <= 0:
+            return 0  # as touch(): no increment is no change
+        return self._touch_held(ids, seconds, consumer)
+
+    def _touch_held(self, task_ids: list[int], increment: float, consumer: str) -> int:
+        """:meth:`touch` each task of ``task_ids`` that ``consumer`` still holds by
+        ``increment`` seconds, in one statement: a worker's heartbeat for its tasks in flight.
+        Tasks it no longer holds (acknowledged, released, or whose ttr ran out) are left
+        alone. Return how many were touched."""
+        if not task_ids or not self._has_ttl:
+            return 0
+        if (self._using, self.pk) in _callbacks:
+            # Watched: each touch is told, with the task as it is after it.
+            touched = 0
+            for task_id in task_ids:
+                try:
+                    self.touch(task_id, increment, consumer=consumer)
+                    touched += 1
+                except (NotTaken, NotFound):
+                    pass
+            return touched
+        self._beat(consumer)
+        held = self._held(consumer)
+
+        def work() -> int:
+            touched = sum(
+                self._tasks().filter(held, pk__in=chunk).update(**_touched(increment))
+                for chunk in engine.batched(task_ids, self._using)
+            )
+            self._count(touch=touched)
+            return touched
+
+        return self._run(work, lock_first=False)
