@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import uuid as uuid_module
 from collections.abc import Iterable, Iterator
-from typing import Any, Self, cast
+from typing import Any, Self
 
 from django.core.validators import RegexValidator
 from django.db import IntegrityError, connections, models, router, transaction
@@ -570,7 +570,7 @@ class JobBoard(models.Model):
         """
         uuids, _ = _job_uuids(jobs)
         who = check_owner(who, "who", max_length=_OWNER_LENGTH)
-        seconds = cast(float, check_seconds(seconds, "seconds", positive=True))  # never None here
+        seconds = check_seconds(seconds, "seconds", positive=True)
         using = self._alias
         if not uuids:
             return 0
@@ -925,7 +925,7 @@ class Job(models.Model):
         A claim made without an expiry gets one. Expired, abandoned and finished jobs give
         ``False``.
         """
-        seconds = cast(float, check_seconds(seconds, "seconds", positive=True))  # never None here
+        seconds = check_seconds(seconds, "seconds", positive=True)
         using = self._alias
 
         def work() -> bool:

@@ -35,7 +35,7 @@ class BoardEntityQuerySet(models.QuerySet):
     def _timeout(timeout: float | None) -> float:
         if timeout is None:
             return float(setting("ENTITY_TIMEOUT"))
-        return check_seconds(timeout, "timeout", non_negative=True)  # type: ignore[return-value]
+        return check_seconds(timeout, "timeout", non_negative=True)
 
 
 class BoardEntityManager(models.Manager.from_queryset(BoardEntityQuerySet)):  # type: ignore[misc]

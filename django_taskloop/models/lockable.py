@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Self, cast
+from typing import Any, Self
 
 from django.db import models
 from django.db.models import Q
@@ -28,7 +28,7 @@ class LockableQuerySet(models.QuerySet):
         owner = check_owner(owner, "owner", max_length=locked_by.max_length)
         limit = check_count(limit, "limit", minimum=1)
         # (Without allow_none, check_seconds never gives None.)
-        lock_for = cast(float, check_seconds(lock_for, "lock_for", positive=True))
+        lock_for = check_seconds(lock_for, "lock_for", positive=True)
         if self.query.is_sliced:
             raise TypeError("claim() cannot be used on a sliced queryset; pass limit instead")
         order = list(self.query.order_by or self.model._meta.ordering or [])

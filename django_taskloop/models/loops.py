@@ -251,8 +251,8 @@ class TaskLoopQuerySet(models.QuerySet):
         unless someone bumps an id while it is held (doloop's locks have no owner).
         """
         # doloop's order of checks: lock_for, min_loop_time, then limit.
-        lock_for = cast(float, check_seconds(lock_for, "lock_for", positive=True))
-        min_loop_time = cast(float, check_seconds(min_loop_time, "min_loop_time"))
+        lock_for = check_seconds(lock_for, "lock_for", positive=True)
+        min_loop_time = check_seconds(min_loop_time, "min_loop_time")
         limit = check_count(limit, "limit")
         self._refuse_sliced("claim")
         if limit == 0:
@@ -342,7 +342,7 @@ class TaskLoopQuerySet(models.QuerySet):
         been bumped that many seconds ago. Bumping an id a worker holds with ``lock_for <= 0``
         lets another worker claim it at once. Return the number of ids bumped.
         """
-        lock_for = cast(float, check_seconds(lock_for, "lock_for"))
+        lock_for = check_seconds(lock_for, "lock_for")
         ids = self._ids(id_or_ids)
         self._refuse_sliced("bump")
         if not ids:
@@ -365,7 +365,7 @@ class TaskLoopQuerySet(models.QuerySet):
         it again, here on the ids a worker still holds (ids unlocked meanwhile, by ``did`` or
         ``unlock``, have no lock and stay untouched). A worker's heartbeat for its ids in flight.
         """
-        lock_for = cast(float, check_seconds(lock_for, "lock_for", positive=True))
+        lock_for = check_seconds(lock_for, "lock_for", positive=True)
         ids = self._ids(id_or_ids)
         self._refuse_sliced("renew")
         if not ids:
