@@ -249,7 +249,8 @@ class Ticker:
         if due:
             self.refresh()
             now = self.now()
-        wait = REFRESH - (time.monotonic() - self.read_at[0])  # type: ignore[index]
+        read_mono = self.read_at[0] if self.read_at is not None else time.monotonic()
+        wait = REFRESH - (time.monotonic() - read_mono)
         upcoming = [(at - now).total_seconds() for at, paused in self.rows.values() if not paused]
         return max(0.05, min([wait, *upcoming]))
 
@@ -259,7 +260,8 @@ class Ticker:
 
         def start(now: dt.datetime) -> None:
             if spec.kind == "task":
-                spec.func.enqueue(*spec.args, **spec.kwargs)  # type: ignore[union-attr]
+                task: Any = spec.func  # a "task" schedule's func is a Django Task
+                task.enqueue(*spec.args, **spec.kwargs)
             else:
                 _periodic_tube(self.using).put({"schedule": spec.name, "tick": now.isoformat()})
 

@@ -202,7 +202,8 @@ class JobAdmin(TaskloopModelAdmin):
     )
 
     def get_paused_note(self, request: HttpRequest) -> str | None:
-        board = JobBoard.objects.filter(pk=request.GET.get("board__id__exact") or None).first()
+        chosen = request.GET.get("board__id__exact")
+        board = JobBoard.objects.filter(pk=chosen).first() if chosen else None
         if board is not None and board.paused:
             return str(
                 _("Board %(name)s is paused: claim_next hands out nothing until it is resumed.")

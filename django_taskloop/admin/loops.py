@@ -336,5 +336,5 @@ def register_loops_when_urls_are_built(site: admin.AdminSite) -> None:
         return build_urls()
 
     # Set on the instance: a project's AdminSite subclass keeps its own get_urls.
-    site.get_urls = get_urls  # type: ignore[method-assign]
-    site._taskloop_hooked = True  # type: ignore[attr-defined]
+    site.get_urls = get_urls  # type: ignore[method-assign]  # its URLs, extended
+    site._taskloop_hooked = True  # type: ignore[attr-defined]  # a marker: hooked once

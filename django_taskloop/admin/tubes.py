@@ -66,7 +66,7 @@ class TaskStateFilter(admin.SimpleListFilter):
         return cast(TaskQuerySet, queryset).in_state(name) if name in TASK_STATES else queryset
 
 
-class PriorityRangeFilter(NumericRangeFilterBuilder(title=_("priority"))):  # type: ignore[misc]
+class PriorityRangeFilter(NumericRangeFilterBuilder(title=_("priority"))):  # type: ignore[misc]  # rangefilter builds the base class
     """A priority range that the (tube, state, pri, id) index can serve.
 
     ``state IN (every state)`` changes no result but turns "tube = ? AND pri BETWEEN ? AND ?"
@@ -81,7 +81,7 @@ class PriorityRangeFilter(NumericRangeFilterBuilder(title=_("priority"))):  # ty
         return filtered.filter(state__in=list(STORED_STATES.values()))
 
 
-class EventRangeFilter(DateTimeRangeFilterBuilder(title=_("next event (delay end, ttr)"))):  # type: ignore[misc]
+class EventRangeFilter(DateTimeRangeFilterBuilder(title=_("next event (delay end, ttr)"))):  # type: ignore[misc]  # rangefilter builds the base class
     """A range of ``event_at`` that the (tube, state, event_at) index can serve, as above."""
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import uuid as uuid_module
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Self
 
 from django.core.validators import RegexValidator
@@ -258,7 +258,10 @@ class JobBoardQuerySet(models.QuerySet):
             return JobBoard._base_manager.db_manager(using).get(name=name)
 
 
-class JobBoardManager(models.Manager.from_queryset(JobBoardQuerySet)):  # type: ignore[misc]
+JobBoardManagerBase = models.Manager.from_queryset(JobBoardQuerySet)
+
+
+class JobBoardManager(JobBoardManagerBase):
     """Manager of :class:`JobBoard`: ``JobBoard.objects.create_board(name)``."""
 
 
@@ -345,7 +348,7 @@ class JobBoard(models.Model):
         priority = JobPriority.convert(priority)
         return self._post(name, details, priority)
 
-    def _post(self, name: str, details: dict[str, Any], priority: JobPriority) -> Job:
+    def _post(self, name: str, details: dict[str, Any], priority: int) -> Job:
         using = self._alias
 
         def work() -> Job:
@@ -355,7 +358,7 @@ class JobBoard(models.Model):
                 uuid=str(uuid_module.uuid4()),
                 name=name,
                 details=details,
-                priority=priority,  # type: ignore[misc]  # PriorityField takes a JobPriority; django-stubs sees its integer base
+                priority=priority,
                 created_on=now,
                 last_modified=now,
             )
@@ -828,7 +831,10 @@ class JobQuerySet(models.QuerySet):
         return old.delete()[0]
 
 
-class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
+JobManagerBase = models.Manager.from_queryset(JobQuerySet)
+
+
+class JobManager(JobManagerBase):
     """Manager of :class:`Job`: ``reap_expired()``, ``prune_history()``, ``claimable()``."""
 
 
@@ -881,13 +887,13 @@ class Job(models.Model):
     def _alias(self) -> str:
         return self._state.db or router.db_for_write(type(self), instance=self)
 
-    def _read(self) -> dict[str, Any] | None:
+    def _read(self) -> Mapping[str, Any] | None:
         """Read this job's row and its claim's liveness, computed on the database's clock."""
         return (
             Job.objects.db_manager(self._alias)
             .filter(pk=self.pk)
-            .annotate(live_claim=_live_claim_flag(), db_now=engine.DbNow())
-            .values("trashed", "claimed_by", "claim_expires_at", "live_claim", "db_now")
+            .annotate(claim_is_live=_live_claim_flag(), db_now=engine.DbNow())
+            .values("trashed", "claimed_by", "claim_expires_at", "claim_is_live", "db_now")
             .first()
         )
 
@@ -897,20 +903,20 @@ class Job(models.Model):
         row = self._read()
         if row is None or row["trashed"]:
             return COMPLETE
-        return CLAIMED if row["live_claim"] else UNCLAIMED
+        return CLAIMED if row["claim_is_live"] else UNCLAIMED
 
     @property
     def owner(self) -> str | None:
         """Return who holds a live claim on this job, or ``None``, read live."""
         row = self._read()
-        if row is None or row["trashed"] or not row["live_claim"]:
+        if row is None or row["trashed"] or not row["claim_is_live"]:
             return None
         return row["claimed_by"]
 
     def expires_in(self) -> float:
         """Return the seconds left on the live claim, ``-1`` if it never expires, ``-2`` if none."""
         row = self._read()
-        if row is None or row["trashed"] or not row["live_claim"]:
+        if row is None or row["trashed"] or not row["claim_is_live"]:
             return KEY_NOT_FOUND
         if row["claim_expires_at"] is None:
             return DOES_NOT_EXPIRE

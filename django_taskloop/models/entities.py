@@ -38,7 +38,10 @@ class BoardEntityQuerySet(models.QuerySet):
         return check_seconds(timeout, "timeout", non_negative=True)
 
 
-class BoardEntityManager(models.Manager.from_queryset(BoardEntityQuerySet)):  # type: ignore[misc]
+BoardEntityManagerBase = models.Manager.from_queryset(BoardEntityQuerySet)
+
+
+class BoardEntityManager(BoardEntityManagerBase):
     """Manager of :class:`BoardEntity`: ``stale()`` and ``alive()``."""
 
 

@@ -65,7 +65,10 @@ class LockableQuerySet(models.QuerySet):
         return self.filter(Q(locked_by__isnull=True) | Q(lock_expires_at__lte=engine.DbNow()))
 
 
-class LockableManager(models.Manager.from_queryset(LockableQuerySet)):  # type: ignore[misc]
+LockableManagerBase = models.Manager.from_queryset(LockableQuerySet)
+
+
+class LockableManager(LockableManagerBase):
     """Manager of :class:`Lockable` models: ``claim``, ``release``, ``release_expired``."""
 
 

@@ -531,7 +531,10 @@ class TaskLoopQuerySet(models.QuerySet):
         return {name: int(counts[name] or 0) for name in self.STATES}
 
 
-class TaskLoopManager(models.Manager.from_queryset(TaskLoopQuerySet)):  # type: ignore[misc]
+TaskLoopManagerBase = models.Manager.from_queryset(TaskLoopQuerySet)
+
+
+class TaskLoopManager(TaskLoopManagerBase):
     """Manager of :class:`TaskLoop` models: ``add``, ``remove``, ``claim``, ``did``,
     ``unlock``, ``bump``, ``status`` and ``stats``; ``pause``/``resume``/``paused`` for workers."""
 
