@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from ..conf import setting
 from ..models import Consumer, JobBoard, Tube
 from ..models.operating import is_paused
-from . import Handler, run_interruptibly
+from . import Handler
+from .runtime import backoff, run_interruptibly
 
 logger = logging.getLogger("django_taskloop.workers")
 
@@ -29,12 +30,6 @@ if TYPE_CHECKING:
 
 #: What one driver hands the worker: a tube's Task, a board's Job, a loop's id.
 Item = TypeVar("Item")
-
-
-def backoff(attempt: int) -> float:
-    """Return the retry delay after the ``attempt``-th failure (1-based): exponential, capped."""
-    base = float(setting("RETRY_BACKOFF"))
-    return min(base * 2 ** max(0, attempt - 1), float(setting("RETRY_BACKOFF_MAX")))
 
 
 class Driver(Generic[Item]):
