@@ -68,7 +68,7 @@ def _session_id() -> int:
         return int(cursor.fetchone()[0])
 
 
-def _wait_until_paused(session: int) -> None:
+def _wait_until_paused(session: int, outcome: dict[str, Any] | None = None) -> None:
     """Wait until session ``session`` sits on the pause lock, half-way through its UPDATE."""
     if connection.vendor == "mysql":
         sql = "SELECT state FROM information_schema.processlist WHERE id = %s"
@@ -84,7 +84,28 @@ def _wait_until_paused(session: int) -> None:
         if row and row[0] in paused:
             return
         time.sleep(0.02)
-    raise AssertionError(f"the claim never reached the pause (last state {row!r})")
+    raise AssertionError(f"the claim never reached the pause (last state {row!r}; the claim: {outcome!r})")
+
+
+def _wait_until_gone(session: int) -> None:
+    """Wait until the killed session ``session`` has left the server (its rollback is done).
+
+    ``KILL``/``pg_terminate_backend`` return before the victim's transaction has rolled back;
+    until it has, its row locks stand, and the next attempt's ``SKIP LOCKED`` claim would
+    rightly skip those rows and claim nothing instead of reaching the pause.
+    """
+    if connection.vendor == "mysql":
+        sql = "SELECT state FROM information_schema.processlist WHERE id = %s"
+    else:
+        sql = "SELECT state FROM pg_stat_activity WHERE pid = %s"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [session])
+            if cursor.fetchone() is None:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"the killed session {session} is still on the server after 30 s")
 
 
 def _assert_untouched_and_claimable() -> None:
@@ -127,7 +148,7 @@ def test_connection_killed_by_the_server_mid_claim_rolls_back(paused_table, vend
         thread = threading.Thread(target=victim)
         thread.start()
         assert ready.wait(30)
-        _wait_until_paused(outcome["session"])
+        _wait_until_paused(outcome["session"], outcome)
         with connection.cursor() as cursor:
             if vendor == "mysql":
                 cursor.execute(f"KILL {outcome['session']}")
@@ -135,6 +156,7 @@ def test_connection_killed_by_the_server_mid_claim_rolls_back(paused_table, vend
                 cursor.execute("SELECT pg_terminate_backend(%s)", [outcome["session"]])
         thread.join(60)
         assert not thread.is_alive()
+        _wait_until_gone(outcome["session"])
         _hold_pause_lock(vendor, False)
         assert "claimed" not in outcome, "the claim went through its own connection's death"
         assert isinstance(outcome["error"], DatabaseError), repr(outcome["error"])
