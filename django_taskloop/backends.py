@@ -668,6 +668,7 @@ def task_handlers() -> list[Handler]:
                         lease=60,
                         create={"type": kind},
                         builtin=True,
+                        queue=queue,
                     )
                 )
     return handlers

@@ -81,6 +81,9 @@ class Handler:
     create: dict[str, Any] = field(default_factory=dict)
     #: Whether the handler is internal (the Django Tasks backend's queues).
     builtin: bool = False
+    #: The Django Tasks queue it serves (its plain or its keyed tasks): ``--only`` selects
+    #: every handler of a queue by the queue's Django name.
+    queue: str | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The decorated name stays callable as the plain function.
@@ -233,6 +236,18 @@ def autodiscover() -> None:
     autodiscover_modules("taskloop")
 
 
+def _named(asked: str, handlers: dict[str, Handler]) -> list[str]:
+    """Return the names of the handlers ``asked`` selects: a handler's own name, a loop's model
+    label in any case (Django spells them ``news.FeedLoop``), or a Django Tasks queue's name
+    (its plain and keyed handlers); else ``[asked]``, unknown."""
+    if asked in handlers:
+        return [asked]
+    loops = {name.lower(): name for name, handler in handlers.items() if handler.kind == "loop"}
+    if asked.lower() in loops:
+        return [loops[asked.lower()]]
+    return [name for name, handler in handlers.items() if handler.queue == asked] or [asked]
+
+
 def get_handlers(only: Iterable[str] | None = None) -> list[Handler]:
     """Return the handlers to run: every registered one (and the Tasks backend's queues), or
     those named in ``only``; an unknown name raises ``ValueError``."""
@@ -242,13 +257,10 @@ def get_handlers(only: Iterable[str] | None = None) -> list[Handler]:
         for handler in source():
             handlers.setdefault(handler.name, handler)
     if only:
-        # A loop is named by its model label, which Django spells in any case (news.FeedLoop).
-        loops = {name.lower(): name for name, handler in handlers.items() if handler.kind == "loop"}
-        wanted = list(
-            dict.fromkeys(name if name in handlers else loops.get(name.lower(), name) for name in only)
-        )
+        wanted = list(dict.fromkeys(name for asked in only for name in _named(asked, handlers)))
         unknown = [name for name in wanted if name not in handlers]
         if unknown:
-            raise ValueError(f"unknown handler(s) {unknown}; known: {sorted(handlers)}")
+            queues = {handler.queue for handler in handlers.values() if handler.queue}
+            raise ValueError(f"unknown handler(s) {unknown}; known: {sorted({*handlers, *queues})}")
         return [handlers[name] for name in wanted]
     return list(handlers.values())

@@ -23,7 +23,8 @@ class Command(BaseCommand):
             "--only",
             action="append",
             metavar="NAME",
-            help="Run only this handler (a tube's or board's name, a loop's model label); repeatable.",
+            help="Run only this handler (a tube's or board's name, a loop's model label, a Django Tasks "
+            "queue's name); repeatable.",
         )
         parser.add_argument("--burst", action="store_true", help="Drain the work that is ready, then exit.")
         parser.add_argument(
