@@ -439,3 +439,39 @@ def test_options_cost_no_statement_unless_they_look_for_a_twin(settings):
     twin = statements(lambda: t.refresh.enqueue("x"))
     # The tube row's lock and the look for a twin; the twin costs no INSERT.
     assert len(first) <= 5 and not any(sql.lstrip().upper().startswith("INSERT") for sql in twin)
+
+
+# Options exactly as asked (issue 28, item 7) ---------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("most", [1, 2])
+def test_using_max_attempts_is_what_the_worker_runs_even_a_falsy_looking_1(most):
+    """@task(max_attempts=3) then .using(max_attempts=1 or 2): that many calls, in a real worker."""
+    result = t.always_fails.using(max_attempts=most).enqueue("boom")
+
+    run = run_workers(
+        "--burst",
+        "--only",
+        "tasks.default",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
+
+    assert run.returncode == 0, run.stderr
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED, run.stderr
+    assert result.attempts == most and len(result.errors) == most
+    assert WorkLog.objects.filter(kind="always").count() == most
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("ttr", [0.5, 1, 1.9])
+def test_a_ttr_under_two_heartbeats_is_refused_where_it_is_given(settings, ttr):
+    settings.TASKLOOP = {**getattr(settings, "TASKLOOP", {}), "HEARTBEAT_INTERVAL": 1}
+    with pytest.raises(ValueError, match=r"ttr must be at least twice TASKLOOP\['HEARTBEAT_INTERVAL'\]"):
+        task(ttr=ttr)(func)
+    with pytest.raises(ValueError, match=r"ttr must be at least twice TASKLOOP\['HEARTBEAT_INTERVAL'\]"):
+        add.using(ttr=ttr)
+    assert TaskRecord.objects.count() == 0
+    assert add.using(ttr=2).ttr == 2  # twice the heartbeat is enough
