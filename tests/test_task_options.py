@@ -475,3 +475,35 @@ def test_a_ttr_under_two_heartbeats_is_refused_where_it_is_given(settings, ttr):
         add.using(ttr=ttr)
     assert TaskRecord.objects.count() == 0
     assert add.using(ttr=2).ttr == 2  # twice the heartbeat is enough
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_inside_a_busy_caller_s_transaction_says_what_is_true():
+    """SQLite: enqueue() inside the caller's atomic() while another writer holds the lock. No
+    retry is possible there: the message says so (one try), and what to do instead."""
+    import sqlite3
+
+    from django.db import connection
+
+    from django_taskloop.exceptions import DatabaseBusy
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's single write lock")
+    connection.ensure_connection()
+    lock = sqlite3.connect(connection.settings_dict["NAME"], timeout=30)
+    try:
+        lock.execute("BEGIN IMMEDIATE")
+        with transaction.atomic():
+            connection.connection.execute("PRAGMA busy_timeout = 50")
+            with pytest.raises(DatabaseBusy) as busy:
+                add.enqueue(1, 2)
+    finally:
+        lock.rollback()
+        lock.close()
+        connection.connection.execute("PRAGMA busy_timeout = 5000")
+    message = str(busy.value)
+    assert "caller's transaction" in message and "1 try" in message, message
+    assert "not retried" in message and "enqueue_on_commit" in message, message
+    assert "outside" in message, message
+    assert "raise OPTIONS['timeout']" not in message and "tries" not in message, message
+    assert TaskRecord.objects.count() == 0
