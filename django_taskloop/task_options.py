@@ -24,7 +24,7 @@ from .conf import setting
 from .validation import check_seconds
 from .workers.runtime import backoff
 
-__all__ = ["TaskloopTask", "OPTION_NAMES", "task_key", "check_options", "check_ttr"]
+__all__ = ["TaskloopTask", "OPTION_NAMES", "task", "task_key", "check_options", "check_ttr"]
 
 #: The options :class:`TaskloopTask` adds to Django's ``Task``.
 OPTION_NAMES = ("max_attempts", "backoff", "ttl", "ttr", "key", "unique", "enqueue_on_commit")
@@ -79,6 +79,27 @@ def check_ttr(ttr: Any) -> None:
             f"ttr must be at least twice TASKLOOP['HEARTBEAT_INTERVAL'] ({beat:g} s), "
             f"so at least {2 * beat:g}, not {ttr!r}"
         )
+
+
+def task(function: Any = None, **options: Any) -> Any:
+    """Django's ``@task`` that takes django-taskloop's options on every version.
+
+    ``django.tasks``' own ``@task(max_attempts=3)`` works on Django 6.1+ and with the backport;
+    Django 6.0's ``task()`` passes no unknown keyword on (a ``TypeError``). This one gives
+    Django's decorator its own arguments and the rest to ``using()``, which every version
+    routes to :class:`TaskloopTask`.
+    """
+    ours = {name: options.pop(name) for name in OPTION_NAMES if name in options}
+
+    def wrapper(func: Any) -> Any:
+        try:
+            from django.tasks import task as framework_task
+        except ImportError:  # Django 5.2: the backport
+            from django_tasks import task as framework_task  # type: ignore[no-redef]  # the same decorator, the backport's
+        made = framework_task(**options)(func)
+        return made.using(**ours) if ours else made
+
+    return wrapper(function) if function is not None else wrapper
 
 
 def task_key(task: Any, args: Any, kwargs: Any) -> str | None:

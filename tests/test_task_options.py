@@ -21,12 +21,13 @@ from django_taskloop.workers import FailedForGood
 from tests.testapp.models import WorkLog
 
 from . import options_tasks as t
+from .options_tasks import task  # Django's @task, or on Django 6.0 django-taskloop's
 from .workers_util import add, run_workers, start_workers, stop, wait_until
 
 try:
-    from django.tasks import TaskResultStatus, task, task_backends
+    from django.tasks import TaskResultStatus, task_backends
 except ImportError:  # Django 5.2: the backport
-    from django_tasks import TaskResultStatus, task, task_backends
+    from django_tasks import TaskResultStatus, task_backends
 
 FAST = '{"RETRY_BACKOFF": 0.05, "HEARTBEAT_INTERVAL": 0.5, "GRACE_PERIOD": 5}'
 
@@ -507,3 +508,55 @@ def test_enqueue_inside_a_busy_caller_s_transaction_says_what_is_true():
     assert "outside" in message, message
     assert "raise OPTIONS['timeout']" not in message and "tries" not in message, message
     assert TaskRecord.objects.count() == 0
+
+
+# Versions (issue 28, item 5) -------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_taskloop_s_task_decorator_takes_the_options_on_every_django():
+    """django_taskloop.task_options.task: the options on Django 5.2, 6.0 and 6.1 alike, and the
+    worker runs exactly what was asked."""
+    from django_taskloop.task_options import task as taskloop_task
+
+    made = taskloop_task(max_attempts=2, ttl=60, priority=5)(t.always_fails.func)
+    assert isinstance(made, TaskloopTask)
+    assert (made.max_attempts, made.ttl, made.priority, made.module_path) == (
+        2,
+        60,
+        5,
+        t.always_fails.module_path,
+    )
+    assert taskloop_task(t.always_fails.func).max_attempts == 1  # bare, as Django's
+    with pytest.raises(ValueError, match="max_attempts must be >= 1"):
+        taskloop_task(max_attempts=0)(func)
+
+
+def test_django_6_0_s_refusal_of_an_option_is_one_clear_message(monkeypatch):
+    import django
+
+    from django_taskloop.compat import explain_refused_options
+
+    refused = TypeError("task() got an unexpected keyword argument 'max_attempts'")
+    monkeypatch.setattr(django, "VERSION", (6, 0, 10, "final", 0))
+    monkeypatch.setattr(django, "get_version", lambda: "6.0.10")
+    message = explain_refused_options(refused)
+    assert message is not None and "Django 6.0.10's @task takes no backend options" in message
+    assert "django_taskloop.task_options.task" in message and "6.1" in message
+    assert explain_refused_options(TypeError("something else")) is None
+    monkeypatch.setattr(django, "VERSION", (6, 1, 3, "final", 0))
+    assert explain_refused_options(refused) is None
+
+
+def test_a_taskloop_py_refused_by_django_6_0_is_an_improperly_configured(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_taskloop import workers
+
+    def refuse(name):
+        raise TypeError("task() got an unexpected keyword argument 'max_attempts'")
+
+    monkeypatch.setattr(workers, "autodiscover_modules", refuse)
+    monkeypatch.setattr(workers, "explain_refused_options", lambda error: "Django 6.0.10's @task ...")
+    with pytest.raises(ImproperlyConfigured, match="Django 6.0.10's @task"):
+        workers.autodiscover()
