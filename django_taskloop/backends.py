@@ -43,12 +43,11 @@ from .compat import (
     task_finished,
     task_started,
 )
-from .conf import setting
 from .exceptions import NotFound
 from .models import Task as TubeTask
 from .models import TaskRecord, TaskRecordStatus, Tube
 from .models.tubes import DELAYED, READY
-from .task_options import TaskloopTask, task_key
+from .task_options import TaskloopTask, check_ttr, task_key
 from .validation import check_handler, check_name
 from .workers import Handler
 from .workers.runtime import FailedForGood, StopNow, backoff, run_interruptibly
@@ -198,19 +197,13 @@ if TASKS_AVAILABLE:
             holds for its retries too; a callable ``backoff`` is read from the task's definition.
             """
             key = task_key(task, args, kwargs)
-            if task.ttr is not None and task.ttr < 2 * float(setting("HEARTBEAT_INTERVAL")):
-                # The worker renews a running task's lease at each heartbeat: a ttr shorter
-                # than two beats could run out under a healthy but busy worker, and the task
-                # would run twice.
-                raise ValueError(
-                    f"ttr must be at least twice TASKLOOP['HEARTBEAT_INTERVAL'] "
-                    f"({setting('HEARTBEAT_INTERVAL')} s), not {task.ttr!r}"
-                )
+            # (Checked again here: HEARTBEAT_INTERVAL may have changed since the definition.)
+            check_ttr(task.ttr)
             if key is not None:
                 check_name(keyed_tube_name(task.queue_name), "queue_name")
             options: dict[str, Any] = {}
             if task.max_attempts != 1:
-                options["max_attempts"] = task.max_attempts
+                options["max_attempts"] = task.max_attempts  # absent: 1 (see _failed)
             if task.backoff is not None and not callable(task.backoff):
                 options["backoff"] = task.backoff
             for name, value in (("ttl", task.ttl), ("ttr", task.ttr), ("key", key)):
@@ -456,7 +449,9 @@ if TASKS_AVAILABLE:
             """Put a failed attempt back after its backoff, or end the task FAILED; raise
             :class:`FailedForGood` either way (called while ``error`` is being handled)."""
             attempt = len(record.worker_ids)
-            most = int(options.get("max_attempts", getattr(task, "max_attempts", 1)))
+            # What the enqueue asked (``using(max_attempts=1)`` included), never the definition's:
+            # a call enqueued without options asked for one attempt.
+            most = int(options.get("max_attempts", 1))
             if queued is not None:
                 # The runner numbers the Failure row by its item's attempts: this record's
                 # attempt, not the take count of this attempt's own tube task.

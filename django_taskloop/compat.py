@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 __all__ = [
     "TASKS_AVAILABLE",
+    "explain_refused_options",
     "BaseTaskBackend",
     "InvalidTask",
     "Task",
@@ -69,3 +70,21 @@ else:
 
 #: Whether a Tasks framework could be imported.
 TASKS_AVAILABLE: bool = BaseTaskBackend is not None
+
+
+def explain_refused_options(error: TypeError) -> str | None:
+    """Return one clear message if ``error`` is Django 6.0's ``@task`` refusing a backend
+    option (its ``task()`` passes no unknown keyword to the backend; 6.1 and the backport do),
+    else ``None``."""
+    import django
+
+    text = str(error)
+    if django.VERSION[:2] != (6, 0) or "unexpected keyword argument" not in text:
+        return None
+    return (
+        f"Django {django.get_version()}'s @task takes no backend options ({text}). "
+        "django-taskloop's task options (max_attempts, backoff, ttl, ttr, key, unique, "
+        "enqueue_on_commit) need Django 6.1+, or Django 5.2 with django-tasks 0.12+, with "
+        "django.tasks' @task; on Django 6.0 decorate with django_taskloop.task_options.task "
+        "(the same options, on every version) or give them per call with task.using(...)"
+    )

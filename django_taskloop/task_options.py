@@ -20,10 +20,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .compat import TASKS_AVAILABLE, Task
+from .conf import setting
 from .validation import check_seconds
 from .workers.runtime import backoff
 
-__all__ = ["TaskloopTask", "OPTION_NAMES", "task_key", "check_options"]
+__all__ = ["TaskloopTask", "OPTION_NAMES", "task", "task_key", "check_options", "check_ttr"]
 
 #: The options :class:`TaskloopTask` adds to Django's ``Task``.
 OPTION_NAMES = ("max_attempts", "backoff", "ttl", "ttr", "key", "unique", "enqueue_on_commit")
@@ -46,7 +47,7 @@ def check_options(
     if backoff is not None and not callable(backoff):
         check_seconds(backoff, "backoff", non_negative=True)
     check_seconds(ttl, "ttl", allow_none=True, positive=True)
-    check_seconds(ttr, "ttr", allow_none=True, positive=True)
+    check_ttr(ttr)
     if key is not None and not callable(key):
         if not isinstance(key, str):
             raise TypeError(f"key must be a str or a callable, not {type(key).__name__}")
@@ -61,6 +62,44 @@ def check_options(
     if unique and enqueue_on_commit:
         # enqueue() returns before the commit: it could not return the waiting twin's result.
         raise ValueError("unique and enqueue_on_commit cannot be combined: the twin is known only at commit")
+
+
+def check_ttr(ttr: Any) -> None:
+    """Refuse a ``ttr`` that is not a positive number or is under two heartbeats.
+
+    The worker renews a running task's lease at each heartbeat: a ttr shorter than two beats
+    could run out under a healthy but busy worker, and the task would run twice.
+    """
+    check_seconds(ttr, "ttr", allow_none=True, positive=True)
+    if ttr is None:
+        return
+    beat = float(setting("HEARTBEAT_INTERVAL"))
+    if ttr < 2 * beat:
+        raise ValueError(
+            f"ttr must be at least twice TASKLOOP['HEARTBEAT_INTERVAL'] ({beat:g} s), "
+            f"so at least {2 * beat:g}, not {ttr!r}"
+        )
+
+
+def task(function: Any = None, **options: Any) -> Any:
+    """Django's ``@task`` that takes django-taskloop's options on every version.
+
+    ``django.tasks``' own ``@task(max_attempts=3)`` works on Django 6.1+ and with the backport;
+    Django 6.0's ``task()`` passes no unknown keyword on (a ``TypeError``). This one gives
+    Django's decorator its own arguments and the rest to ``using()``, which every version
+    routes to :class:`TaskloopTask`.
+    """
+    ours = {name: options.pop(name) for name in OPTION_NAMES if name in options}
+
+    def wrapper(func: Any) -> Any:
+        try:
+            from django.tasks import task as framework_task
+        except ImportError:  # Django 5.2: the backport
+            from django_tasks import task as framework_task  # type: ignore[no-redef]  # the same decorator, the backport's
+        made = framework_task(**options)(func)
+        return made.using(**ours) if ours else made
+
+    return wrapper(function) if function is not None else wrapper
 
 
 def task_key(task: Any, args: Any, kwargs: Any) -> str | None:

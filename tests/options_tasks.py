@@ -7,10 +7,16 @@ import os
 import time
 from typing import Any
 
-try:
-    from django.tasks import task
-except ImportError:  # Django 5.2: the django-tasks backport
-    from django_tasks import task
+import django
+
+if django.VERSION[:2] == (6, 0):
+    # Django 6.0's @task passes no option on (issue 28): django-taskloop's decorator does.
+    from django_taskloop.task_options import task
+else:
+    try:
+        from django.tasks import task
+    except ImportError:  # Django 5.2: the backport
+        from django_tasks import task
 
 
 def _log(kind: str, key: str, phase: str = "end") -> None:

@@ -238,7 +238,7 @@ def test_a_deadlock_in_nested_work_is_retried_once_per_try_by_the_outermost_tran
     assert len(tries) == 3
     # Inside a caller's transaction nothing is retried, and the message says whose it is.
     tries.clear()
-    with pytest.raises(DatabaseBusy, match="inside a transaction of the caller's") as busy:
+    with pytest.raises(DatabaseBusy, match="inside the caller's transaction") as busy:
         with transaction.atomic():
             run_in_transaction(Ticket, "default", outer)
     assert "tries" not in str(busy.value)

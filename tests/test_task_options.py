@@ -21,12 +21,13 @@ from django_taskloop.workers import FailedForGood
 from tests.testapp.models import WorkLog
 
 from . import options_tasks as t
+from .options_tasks import task  # Django's @task, or on Django 6.0 django-taskloop's
 from .workers_util import add, run_workers, start_workers, stop, wait_until
 
 try:
-    from django.tasks import TaskResultStatus, task, task_backends
+    from django.tasks import TaskResultStatus, task_backends
 except ImportError:  # Django 5.2: the backport
-    from django_tasks import TaskResultStatus, task, task_backends
+    from django_tasks import TaskResultStatus, task_backends
 
 FAST = '{"RETRY_BACKOFF": 0.05, "HEARTBEAT_INTERVAL": 0.5, "GRACE_PERIOD": 5}'
 
@@ -439,3 +440,123 @@ def test_options_cost_no_statement_unless_they_look_for_a_twin(settings):
     twin = statements(lambda: t.refresh.enqueue("x"))
     # The tube row's lock and the look for a twin; the twin costs no INSERT.
     assert len(first) <= 5 and not any(sql.lstrip().upper().startswith("INSERT") for sql in twin)
+
+
+# Options exactly as asked (issue 28, item 7) ---------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("most", [1, 2])
+def test_using_max_attempts_is_what_the_worker_runs_even_a_falsy_looking_1(most):
+    """@task(max_attempts=3) then .using(max_attempts=1 or 2): that many calls, in a real worker."""
+    result = t.always_fails.using(max_attempts=most).enqueue("boom")
+
+    run = run_workers(
+        "--burst",
+        "--only",
+        "tasks.default",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
+
+    assert run.returncode == 0, run.stderr
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED, run.stderr
+    assert result.attempts == most and len(result.errors) == most
+    assert WorkLog.objects.filter(kind="always").count() == most
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("ttr", [0.5, 1, 1.9])
+def test_a_ttr_under_two_heartbeats_is_refused_where_it_is_given(settings, ttr):
+    settings.TASKLOOP = {**getattr(settings, "TASKLOOP", {}), "HEARTBEAT_INTERVAL": 1}
+    with pytest.raises(ValueError, match=r"ttr must be at least twice TASKLOOP\['HEARTBEAT_INTERVAL'\]"):
+        task(ttr=ttr)(func)
+    with pytest.raises(ValueError, match=r"ttr must be at least twice TASKLOOP\['HEARTBEAT_INTERVAL'\]"):
+        add.using(ttr=ttr)
+    assert TaskRecord.objects.count() == 0
+    assert add.using(ttr=2).ttr == 2  # twice the heartbeat is enough
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_inside_a_busy_caller_s_transaction_says_what_is_true():
+    """SQLite: enqueue() inside the caller's atomic() while another writer holds the lock. No
+    retry is possible there: the message says so (one try), and what to do instead."""
+    import sqlite3
+
+    from django.db import connection
+
+    from django_taskloop.exceptions import DatabaseBusy
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's single write lock")
+    connection.ensure_connection()
+    lock = sqlite3.connect(connection.settings_dict["NAME"], timeout=30)
+    try:
+        lock.execute("BEGIN IMMEDIATE")
+        with transaction.atomic():
+            connection.connection.execute("PRAGMA busy_timeout = 50")
+            with pytest.raises(DatabaseBusy) as busy:
+                add.enqueue(1, 2)
+    finally:
+        lock.rollback()
+        lock.close()
+        connection.connection.execute("PRAGMA busy_timeout = 5000")
+    message = str(busy.value)
+    assert "caller's transaction" in message and "1 try" in message, message
+    assert "not retried" in message and "enqueue_on_commit" in message, message
+    assert "outside" in message, message
+    assert "raise OPTIONS['timeout']" not in message and "tries" not in message, message
+    assert TaskRecord.objects.count() == 0
+
+
+# Versions (issue 28, item 5) -------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_taskloop_s_task_decorator_takes_the_options_on_every_django():
+    """django_taskloop.task_options.task: the options on Django 5.2, 6.0 and 6.1 alike, and the
+    worker runs exactly what was asked."""
+    from django_taskloop.task_options import task as taskloop_task
+
+    made = taskloop_task(max_attempts=2, ttl=60, priority=5)(t.always_fails.func)
+    assert isinstance(made, TaskloopTask)
+    assert (made.max_attempts, made.ttl, made.priority, made.module_path) == (
+        2,
+        60,
+        5,
+        t.always_fails.module_path,
+    )
+    assert taskloop_task(t.always_fails.func).max_attempts == 1  # bare, as Django's
+    with pytest.raises(ValueError, match="max_attempts must be >= 1"):
+        taskloop_task(max_attempts=0)(func)
+
+
+def test_django_6_0_s_refusal_of_an_option_is_one_clear_message(monkeypatch):
+    import django
+
+    from django_taskloop.compat import explain_refused_options
+
+    refused = TypeError("task() got an unexpected keyword argument 'max_attempts'")
+    monkeypatch.setattr(django, "VERSION", (6, 0, 10, "final", 0))
+    monkeypatch.setattr(django, "get_version", lambda: "6.0.10")
+    message = explain_refused_options(refused)
+    assert message is not None and "Django 6.0.10's @task takes no backend options" in message
+    assert "django_taskloop.task_options.task" in message and "6.1" in message
+    assert explain_refused_options(TypeError("something else")) is None
+    monkeypatch.setattr(django, "VERSION", (6, 1, 3, "final", 0))
+    assert explain_refused_options(refused) is None
+
+
+def test_a_taskloop_py_refused_by_django_6_0_is_an_improperly_configured(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_taskloop import workers
+
+    def refuse(name):
+        raise TypeError("task() got an unexpected keyword argument 'max_attempts'")
+
+    monkeypatch.setattr(workers, "autodiscover_modules", refuse)
+    monkeypatch.setattr(workers, "explain_refused_options", lambda error: "Django 6.0.10's @task ...")
+    with pytest.raises(ImproperlyConfigured, match="Django 6.0.10's @task"):
+        workers.autodiscover()

@@ -111,16 +111,30 @@ def _give_up_unless_retryable(
     if not outermost:
         if isinstance(raised, DatabaseBusy):
             raise raised
-        raise DatabaseBusy(
-            f"database {using!r} was locked or deadlocked inside a transaction of the "
-            f"caller's ({error}); it is the caller's to retry whole"
-        ) from error
+        raise DatabaseBusy(_in_callers_transaction(using, error)) from error
     if attempt >= setting("RETRIES"):
         tries = "1 try" if attempt == 0 else f"{attempt + 1} tries"
         raise DatabaseBusy(
             f"database {using!r} stayed locked or deadlocked after {tries} "
             f"({error}); on SQLite, raise OPTIONS['timeout'] or use fewer writers"
         ) from error
+
+
+def _in_callers_transaction(using: str, error: DatabaseError) -> str:
+    """Return the message of a lock met inside a caller's transaction: tried once, not retried."""
+    message = (
+        f"database {using!r} was locked or deadlocked inside the caller's transaction "
+        f"(atomic()) after 1 try ({error}); it was not retried: a retry would have to replay "
+        "the caller's whole transaction, which only the caller can do. Retry the whole "
+        "transaction, or write outside it: enqueue after atomic() returns, or at its commit "
+        "(transaction.on_commit, or a Django Task's enqueue_on_commit=True)"
+    )
+    if connections[using].vendor == "sqlite":
+        # A deferred transaction that has read cannot wait for the lock: SQLite refuses at once.
+        message += (
+            "; on SQLite a longer OPTIONS['timeout'] does not help a transaction that read before it wrote"
+        )
+    return message
 
 
 def discard_if_broken(using: str) -> None:

@@ -29,8 +29,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import autodiscover_modules
 
+from ..compat import explain_refused_options
 from ..cron import periodic
 from ..validation import check_count, check_handler, check_name, check_seconds
 from .runtime import FailedForGood, StopNow, run_interruptibly
@@ -233,7 +235,13 @@ def board(
 
 def autodiscover() -> None:
     """Import the ``taskloop`` module of every installed app, registering its handlers."""
-    autodiscover_modules("taskloop")
+    try:
+        autodiscover_modules("taskloop")
+    except TypeError as error:
+        message = explain_refused_options(error)
+        if message is None:
+            raise
+        raise ImproperlyConfigured(message) from error
 
 
 def _named(asked: str, handlers: dict[str, Handler]) -> list[str]:
