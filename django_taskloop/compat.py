@@ -23,6 +23,7 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "framework_task",
     "normalize_json",
     "task_backends",
     "task_enqueued",
@@ -33,6 +34,7 @@ __all__ = [
 if TYPE_CHECKING:
     if sys.version_info >= (3, 12):
         from django.tasks import TaskResult, TaskResultStatus, task_backends
+        from django.tasks import task as framework_task
         from django.tasks.backends.base import BaseTaskBackend
         from django.tasks.base import Task, TaskContext, TaskError
         from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
         from django.utils.json import normalize_json
     else:
         from django_tasks import TaskResult, TaskResultStatus, task_backends
+        from django_tasks import task as framework_task
         from django_tasks.backends.base import BaseTaskBackend
         from django_tasks.base import Task, TaskContext, TaskError
         from django_tasks.exceptions import InvalidTaskError as InvalidTask
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
 else:
     try:  # Django 6.0+
         from django.tasks import TaskResult, TaskResultStatus, task_backends
+        from django.tasks import task as framework_task
         from django.tasks.backends.base import BaseTaskBackend
         from django.tasks.base import Task, TaskContext, TaskError
         from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -57,6 +61,7 @@ else:
     except ImportError:  # Django 5.2 with the django-tasks backport
         try:
             from django_tasks import TaskResult, TaskResultStatus, task_backends
+            from django_tasks import task as framework_task
             from django_tasks.backends.base import BaseTaskBackend
             from django_tasks.base import Task, TaskContext, TaskError
             from django_tasks.exceptions import InvalidTaskError as InvalidTask
@@ -64,7 +69,7 @@ else:
             from django_tasks.signals import task_enqueued, task_finished, task_started
             from django_tasks.utils import normalize_json
         except ImportError:  # neither is installed
-            TaskResult = TaskResultStatus = task_backends = BaseTaskBackend = None
+            TaskResult = TaskResultStatus = task_backends = BaseTaskBackend = framework_task = None
             Task = TaskContext = TaskError = InvalidTask = TaskResultDoesNotExist = None
             task_enqueued = task_finished = task_started = normalize_json = None
 

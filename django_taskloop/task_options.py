@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .compat import TASKS_AVAILABLE, Task
+from .compat import TASKS_AVAILABLE, Task, framework_task
 from .conf import setting
 from .validation import check_seconds
 from .workers.runtime import backoff
@@ -92,10 +92,6 @@ def task(function: Any = None, **options: Any) -> Any:
     ours = {name: options.pop(name) for name in OPTION_NAMES if name in options}
 
     def wrapper(func: Any) -> Any:
-        try:
-            from django.tasks import task as framework_task
-        except ImportError:  # Django 5.2: the backport
-            from django_tasks import task as framework_task  # type: ignore[no-redef]  # the same decorator, the backport's
         made = framework_task(**options)(func)
         return made.using(**ours) if ours else made
 
