@@ -34,6 +34,3 @@ else:
 DATABASES["other"] = _other
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-# tests/options_tasks.py defines tasks with ttr=2, which must be at least two heartbeats.
-TASKLOOP = {"HEARTBEAT_INTERVAL": 1.0}

@@ -272,8 +272,8 @@ def test_expired_task_is_not_ready_in_get_result():
 @pytest.mark.django_db(transaction=True)
 def test_a_task_whose_worker_stops_beating_comes_back_after_its_ttr(settings):
     settings.TASKLOOP = {"HEARTBEAT_INTERVAL": 0.5}
-    hung = t.hangs_first.enqueue("hung")
-    long = t.naps_past_ttr.enqueue(3)  # longer than its ttr: the heartbeat keeps its lease
+    hung = t.hangs_first.using(ttr=2).enqueue("hung")
+    long = t.naps_past_ttr.using(ttr=2).enqueue(3)  # longer than its ttr: the heartbeat keeps its lease
     env = {"DJANGO_SETTINGS_MODULE": "tests.workers_settings", "TASKLOOP_OVERRIDES": FAST}
     worker = start_workers("--only", "tasks.default", **env)
     output = ""
