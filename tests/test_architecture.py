@@ -341,3 +341,41 @@ def test_the_sql_rule_catches_statements_cursors_and_vendors_but_not_prose(tmp_p
         "q._raw_delete (Django's compiler internals)",
         "q._raw_delete (Django's compiler internals)",  # engine/claim.py: not the compiler module
     ], offences
+
+
+#: The floors of issue 27: small modules and small functions with names.
+MAX_MODULE_LINES = 1_000
+MAX_FUNCTION_LINES = 60
+
+
+def too_big(package: Path) -> list[str]:
+    """Modules over :data:`MAX_MODULE_LINES` lines and functions (``def`` to their last line,
+    docstring included) over :data:`MAX_FUNCTION_LINES`, migrations left out."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if "migrations" in path.relative_to(package).parts:
+            continue
+        source = path.read_text()
+        where = path.relative_to(package)
+        if (lines := len(source.splitlines())) > MAX_MODULE_LINES:
+            found.append(f"{where}: {lines} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{where}:{node.lineno}: {node.name}() is {length} lines")
+    return found
+
+
+def test_no_module_over_1000_lines_and_no_function_over_60():
+    assert too_big(PACKAGE) == []
+
+
+def test_the_size_check_sees_a_long_module_and_a_long_function(tmp_path):
+    (tmp_path / "migrations").mkdir()
+    (tmp_path / "migrations" / "0001_big.py").write_text("x = 1\n" * 2_000)
+    body = "".join(f"    x{n} = {n}\n" for n in range(60))
+    (tmp_path / "long.py").write_text(
+        f"def short():\n    return 1\n\n\ndef long():\n{body}\n" + "y = 2\n" * 1_000
+    )
+    assert too_big(tmp_path) == ["long.py: 1066 lines", "long.py:5: long() is 61 lines"]
