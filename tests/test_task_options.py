@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -30,6 +31,17 @@ except ImportError:  # Django 5.2: the backport
     from django_tasks import TaskResultStatus, task_backends
 
 FAST = '{"RETRY_BACKOFF": 0.05, "HEARTBEAT_INTERVAL": 0.5, "GRACE_PERIOD": 5}'
+
+
+def drain_default() -> subprocess.CompletedProcess[str]:
+    """Run a burst worker over the queue ``default`` with the fast settings; return the run."""
+    return run_workers(
+        "--burst",
+        "--only",
+        "tasks.default",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
 
 
 def backend() -> TaskloopBackend:
@@ -154,13 +166,7 @@ def test_retries_run_in_worker_processes_and_every_attempt_is_kept():
     flaky = t.fails_twice.enqueue()
     plain = add.enqueue(1, 1)
 
-    run = run_workers(
-        "--burst",
-        "--only",
-        "tasks.default",
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=FAST,
-    )
+    run = drain_default()
 
     assert run.returncode == 0, run.stderr
     failing.refresh()
@@ -445,19 +451,14 @@ def test_options_cost_no_statement_unless_they_look_for_a_twin(settings):
 # Options exactly as asked (issue 28, item 7) ---------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("most", [1, 2])
 def test_using_max_attempts_is_what_the_worker_runs_even_a_falsy_looking_1(most):
     """@task(max_attempts=3) then .using(max_attempts=1 or 2): that many calls, in a real worker."""
     result = t.always_fails.using(max_attempts=most).enqueue("boom")
 
-    run = run_workers(
-        "--burst",
-        "--only",
-        "tasks.default",
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=FAST,
-    )
+    run = drain_default()
 
     assert run.returncode == 0, run.stderr
     result.refresh()
