@@ -677,3 +677,17 @@ def _run_stored(task: TubeTask) -> None:
         logger.warning("Django task %s has no record any more: dropped", result_id)
         return
     taskloop_backend(record.backend).execute(result_id, f"{socket.gethostname()}:{os.getpid()}", queued=task)
+
+
+def result_id_of(task: TubeTask) -> str | None:
+    """Return the Django Task result id a tube task of the backend carries (``None``: not one)."""
+    data = task.data if isinstance(task.data, dict) else {}
+    result = data.get("result")
+    return str(result) if result is not None else None
+
+
+def task_path_of(task: TubeTask) -> str | None:
+    """Return the dotted path of the Django Task a tube task of the backend carries, if it says."""
+    data = task.data if isinstance(task.data, dict) else {}
+    path = data.get("task")
+    return str(path) if path is not None else None
