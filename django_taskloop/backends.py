@@ -11,9 +11,11 @@ and with the ``django-tasks`` backport (``django_tasks``) on Django 5.2.
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect
 import logging
 import os
+import secrets
 import socket
 from functools import partial
 from traceback import format_exception
@@ -136,80 +138,74 @@ if TASKS_AVAILABLE:
                 raise InvalidTask(str(error)) from None
 
         def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
-            """Store the call, put it in its queue's tube, and return its ``TaskResult``.
+            """Put the call in its queue's tube and return its ``TaskResult`` (READY).
 
-            Two INSERTs (the record, the tube's task), all or nothing: one statement on
-            PostgreSQL, one transaction elsewhere. ``run_after`` is the task's "not before" on
-            the database's clock, as a put's delay would be.
+            One INSERT: the tube task carries the call (path, arguments, options) and the
+            result reads from it until a worker starts the task, which writes the result's
+            :class:`~django_taskloop.models.TaskRecord` (its id is ``"<tube task id>-<secret>"``).
+            Two rows, all or nothing, only where the result must exist before the put: a
+            ``unique`` task (its twin is found among the results) and an
+            ``enqueue_on_commit`` task enqueued inside a transaction (its id is known now,
+            its rows are written at commit). ``run_after`` is the task's "not before" on the
+            database's clock, as a put's delay would be.
             """
             self._refuse_if_not_installed()
             self.validate_task(task)
             using = router.db_for_write(TaskRecord)
-            record = TaskRecord(
-                backend=self.alias,
-                queue_name=task.queue_name,
-                task_path=task.module_path,
-                priority=task.priority,
-                run_after=task.run_after,
-                takes_context=task.takes_context,
-                args=normalize_json(list(args)),
-                kwargs=normalize_json(dict(kwargs)),
-                enqueued_at=engine.DbNow(),
-                ttl=getattr(task, "ttl", None),
-            )
+            call: dict[str, Any] = {
+                "task": task.module_path,
+                "args": normalize_json(list(args)),
+                "kwargs": normalize_json(dict(kwargs)),
+                "id": secrets.token_hex(6),
+                "backend": self.alias,
+                "queue": task.queue_name,
+            }
+            if task.run_after is not None:
+                call["run_after"] = task.run_after.isoformat()
+            if task.takes_context:
+                call["context"] = True
+            key = None
             if _has_options(task):
-                return self._enqueue_with_options(task, record, using, args, kwargs)
-            for attempt in range(2):
-                try:
-                    self._insert(record, task, using, fresh=attempt > 0)
-                    break
-                except (IntegrityError, NotFound) as error:
-                    # The queue's tube was dropped since this process looked it up: once more,
-                    # with a tube made afresh. NotFound: the INSERTs, which write only if the
-                    # tube is there, wrote nothing, so even a caller's transaction goes on. An
-                    # IntegrityError (dropped while we wrote: found at commit where foreign
-                    # keys are deferred) has spoilt a caller's transaction.
-                    if attempt or (isinstance(error, IntegrityError) and connections[using].in_atomic_block):
-                        raise
-                    record.enqueued_at = engine.DbNow()
-            result = self._to_result(record, task)
+                if task.unique or (task.enqueue_on_commit and connections[using].in_atomic_block):
+                    return self._enqueue_with_options(task, using, call)
+                key, options = _call_options(task, call["args"], call["kwargs"])
+                if options:
+                    call["options"] = options
+            queued = self._put(call, task, using, key)
+            result = self._to_result(_waiting(queued, call), task)
             transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=using)
             return result
 
-        def _insert(self, record: Any, task: Any, using: str, fresh: bool) -> None:
-            """INSERT the record and its tube's task, all or nothing: one statement on
-            PostgreSQL, two in one transaction elsewhere."""
-            tube = _tube(using, task.queue_name, fresh=fresh)
-            # checked: Django's Task checked priority and run_after, the record its arguments.
-            tube.put(
-                {"result": record.id},
-                100 - task.priority,
-                run_at=task.run_after,
-                with_row=(record, ["enqueued_at"]),
-                checked=True,
-            )
+        def _put(self, call: dict[str, Any], task: Any, using: str, key: str | None) -> TubeTask:
+            """Put ``call`` in its queue's tube (its keyed tube for a key); return the tube task."""
+            for attempt in range(2):
+                tube = _tube(using, task.queue_name, fresh=attempt > 0, keyed=key is not None)
+                try:
+                    # checked: Django's Task checked priority and run_after, normalize_json the
+                    # arguments, _call_options the options.
+                    return tube.put(
+                        call, 100 - task.priority, ttr=_task_ttr(task), utube=key, run_at=task.run_after, checked=True
+                    )
+                except NotFound:
+                    # The queue's tube was dropped since this process looked it up: once more,
+                    # with a tube made afresh. The INSERT, which writes only if the tube is
+                    # there, wrote nothing, so even a caller's transaction goes on.
+                    if attempt:
+                        raise
+            raise AssertionError("unreachable")  # pragma: no cover
 
-        def _enqueue_with_options(self, task: Any, record: Any, using: str, args: Any, kwargs: Any) -> Any:
-            """Enqueue a task that has django-taskloop options (see :mod:`.task_options`).
+        def _enqueue_with_options(self, task: Any, using: str, call: dict[str, Any]) -> Any:
+            """Enqueue a ``unique`` task, or an ``enqueue_on_commit`` one inside a transaction:
+            its result's record first, with the tube task pointing at it (two rows).
 
             The tube task's data carries what a worker needs at run time (``max_attempts``,
             ``ttl``, ``ttr``, ``key``, a numeric ``backoff``), so that ``using()`` for one call
             holds for its retries too; a callable ``backoff`` is read from the task's definition.
             """
-            key = task_key(task, args, kwargs)
-            # (Checked again here: HEARTBEAT_INTERVAL may have changed since the definition.)
-            check_ttr(task.ttr)
-            if key is not None:
-                check_name(keyed_tube_name(task.queue_name), "queue_name")
-            options: dict[str, Any] = {}
-            if task.max_attempts != 1:
-                options["max_attempts"] = task.max_attempts  # absent: 1 (see _failed)
-            if task.backoff is not None and not callable(task.backoff):
-                options["backoff"] = task.backoff
-            for name, value in (("ttl", task.ttl), ("ttr", task.ttr), ("key", key)):
-                if value is not None:
-                    options[name] = value
-            data: dict[str, Any] = {"result": record.id}
+            key, options = _call_options(task, call["args"], call["kwargs"])
+            record = _record_of(call, options, task.priority)
+            record.enqueued_at = engine.DbNow()
+            data: dict[str, Any] = {"result": record.id, "task": call["task"]}
             if options:
                 data["options"] = options
             unique_on = task.unique_on
@@ -297,14 +293,38 @@ if TASKS_AVAILABLE:
             A task past its ``ttl`` reads FAILED (``TaskExpired``) at once, as the worker that
             reaches it will record it (:meth:`TaskRecord.expiry`), not READY until then.
             """
-            try:
-                record = TaskRecord.objects.get(pk=result_id, backend=self.alias)
-            except (TaskRecord.DoesNotExist, ValueError, TypeError):
-                raise TaskResultDoesNotExist(result_id) from None
+            record = self._record(result_id)
+            if record is None:
+                raise TaskResultDoesNotExist(result_id)
             expired = None
             if record.ttl_deadline() is not None:
                 expired = record.expiry(engine.db_now(record._state.db or "default"))
             return self._to_result(record, expired=expired)
+
+        def _record(self, result_id: Any) -> TaskRecord | None:
+            """Return the record of ``result_id``; a task no worker has started yet reads from
+            its tube task (an unsaved record), None if there is neither."""
+            records = TaskRecord.objects.filter(backend=self.alias)
+            try:
+                record = records.filter(pk=result_id).first()
+            except (ValueError, TypeError):
+                return None
+            if record is not None:
+                return record
+            waiting = self._waiting_record(str(result_id))
+            # Neither: a worker may have started it (and acknowledged its tube task) between
+            # the two reads; its record is there now.
+            return waiting if waiting is not None else records.filter(pk=result_id).first()
+
+        def _waiting_record(self, result_id: str) -> TaskRecord | None:
+            """The record of a one-row enqueue that no worker has started, read off its tube task."""
+            using = router.db_for_read(TaskRecord)
+            queued = _carrier(result_id, using)
+            if queued is None or queued.data.get("backend") != self.alias:
+                return None
+            record = _waiting(queued, queued.data)
+            record._state.db = using
+            return record
 
         def _to_result(self, record: Any, task: Any = None, expired: BaseException | None = None) -> Any:
             """Return ``record`` as a ``TaskResult``; ``expired``: it is past its ttl (FAILED)."""
@@ -361,9 +381,13 @@ if TASKS_AVAILABLE:
             """
             using = router.db_for_write(TaskRecord)
             manager = TaskRecord.objects.db_manager(using)
+            if queued is None:
+                # Called with the result id alone: a task no worker has started is read off
+                # the tube task that carries its call.
+                queued = _carrier(result_id, using)
             data = getattr(queued, "data", None)
             options: dict[str, Any] = data.get("options", {}) if isinstance(data, dict) else {}
-            record = self._start(manager, result_id, worker_id, options, using)
+            record = self._start(manager, result_id, worker_id, options, using, queued)
             if record is None:
                 return
             task = self._runnable(manager, record)
@@ -382,14 +406,25 @@ if TASKS_AVAILABLE:
             self._finish(manager, record, TaskRecordStatus.SUCCESSFUL, value, None)
 
         def _start(
-            self, manager: Records, result_id: str, worker_id: str, options: dict[str, Any], using: str
+            self,
+            manager: Records,
+            result_id: str,
+            worker_id: str,
+            options: dict[str, Any],
+            using: str,
+            queued: Any = None,
         ) -> TaskRecord | None:
             """Mark the record RUNNING for this attempt and return it; ``None`` if it finished
-            already. A record past its ttl ends FAILED here (:class:`FailedForGood`)."""
+            already (or another worker started it). A record past its ttl ends FAILED here
+            (:class:`FailedForGood`). The first start of a one-row enqueue writes the record
+            from what ``queued`` carries."""
             expired: list[BaseException] = []
+            # A plain read first: a locking read of a missing key would lock the gap it falls
+            # in (InnoDB), and two workers starting new records would deadlock on it.
+            new = None if manager.filter(pk=result_id).exists() else _called(queued, result_id)
 
             def start() -> TaskRecord | None:
-                record = manager.select_for_update().filter(pk=result_id).first()
+                record = new if new is not None else manager.select_for_update().filter(pk=result_id).first()
                 if record is None or record.status in (TaskRecordStatus.SUCCESSFUL, TaskRecordStatus.FAILED):
                     # Finished already: the worker that ran it died before acknowledging.
                     return None
@@ -401,15 +436,23 @@ if TASKS_AVAILABLE:
                 error = record.expiry(now, ttl=options.get("ttl"))
                 if error is not None:
                     expired.append(error)
-                    return record
-                record.status = TaskRecordStatus.RUNNING
-                record.started_at = record.started_at or now
-                record.last_attempted_at = now
-                record.worker_ids = [*record.worker_ids, worker_id]
-                record.save(update_fields=["status", "started_at", "last_attempted_at", "worker_ids"])
+                else:
+                    record.status = TaskRecordStatus.RUNNING
+                    record.started_at = record.started_at or now
+                    record.last_attempted_at = now
+                    record.worker_ids = [*record.worker_ids, worker_id]
+                if new is not None:
+                    record.save(using=using, force_insert=True)
+                elif not expired:
+                    record.save(update_fields=["status", "started_at", "last_attempted_at", "worker_ids"])
                 return record
 
-            record = engine.run_in_transaction(TaskRecord, using, start)
+            try:
+                record = engine.run_in_transaction(TaskRecord, using, start)
+            except IntegrityError:
+                if new is None:
+                    raise
+                return None  # another worker wrote the record first: it runs the task
             if record is not None and expired:
                 # It ended at its deadline, as get_result() has said since then.
                 deadline = record.ttl_deadline(options.get("ttl"))
@@ -491,7 +534,7 @@ if TASKS_AVAILABLE:
                 delay = backoff(attempt)
             errors = [*record.errors, _error_entry(error)]
             key = options.get("key")
-            data: dict[str, Any] = {"result": record.id}
+            data: dict[str, Any] = {"result": record.id, "task": record.task_path}
             if options:
                 data["options"] = options
 
@@ -532,7 +575,7 @@ if TASKS_AVAILABLE:
                 ttr = getattr(task, "ttr", None)
                 if ttr is not None:
                     options["ttr"] = ttr
-                data: dict[str, Any] = {"result": record.id}
+                data: dict[str, Any] = {"result": record.id, "task": record.task_path}
                 if options:
                     data["options"] = options
                 manager.filter(pk=record.pk).update(
@@ -594,6 +637,82 @@ def _has_options(task: Any) -> bool:
         or bool(task.unique)
         or task.enqueue_on_commit
     )
+
+
+def _call_options(task: Any, args: Any, kwargs: Any) -> tuple[str | None, dict[str, Any]]:
+    """Return the key of a call of ``task`` and the options its worker needs at run time
+    (``max_attempts``, ``ttl``, ``ttr``, ``key``, a numeric ``backoff``): carried by the tube
+    task, so that ``using()`` for one call holds for its retries too; a callable ``backoff`` is
+    read from the task's definition."""
+    if not isinstance(task, TaskloopTask):
+        return None, {}
+    key = task_key(task, args, kwargs)
+    # (Checked again here: HEARTBEAT_INTERVAL may have changed since the definition.)
+    check_ttr(task.ttr)
+    if key is not None:
+        check_name(keyed_tube_name(task.queue_name), "queue_name")
+    options: dict[str, Any] = {}
+    if task.max_attempts != 1:
+        options["max_attempts"] = task.max_attempts  # absent: 1 (see _failed)
+    if task.backoff is not None and not callable(task.backoff):
+        options["backoff"] = task.backoff
+    for name, value in (("ttl", task.ttl), ("ttr", task.ttr), ("key", key)):
+        if value is not None:
+            options[name] = value
+    return key, options
+
+
+def _task_ttr(task: Any) -> float | None:
+    return getattr(task, "ttr", None)
+
+
+def _record_of(call: dict[str, Any], options: dict[str, Any], priority: int, result_id: str | None = None) -> TaskRecord:
+    """Return the (unsaved, READY) record of the call a tube task carries (see ``enqueue``)."""
+    run_after = call.get("run_after")
+    record = TaskRecord(
+        backend=call["backend"],
+        queue_name=call["queue"],
+        task_path=call["task"],
+        priority=priority,
+        run_after=dt.datetime.fromisoformat(run_after) if run_after else None,
+        takes_context=bool(call.get("context")),
+        args=call["args"],
+        kwargs=call["kwargs"],
+        ttl=options.get("ttl"),
+    )
+    if result_id is not None:
+        record.id = result_id
+    return record
+
+
+def _waiting(queued: TubeTask, call: dict[str, Any]) -> TaskRecord:
+    """Return the record of a one-row enqueue as it reads until a worker starts it (unsaved):
+    its id is ``"<tube task id>-<secret>"``, its enqueue time the tube task's."""
+    record = _record_of(call, call.get("options", {}), 100 - queued.pri, f"{queued.pk}-{call['id']}")
+    record.enqueued_at = queued.created
+    return record
+
+
+def _carrier(result_id: str, using: str) -> TubeTask | None:
+    """Return the tube task that carries the call of the one-row enqueue ``result_id``
+    (``"<tube task id>-<secret>"``), if it is still there."""
+    pk, _, secret = str(result_id).partition("-")
+    if not secret or not pk.isdigit() or len(pk) > 18:
+        return None
+    queued = TubeTask.objects.using(using).filter(pk=int(pk)).first()
+    if queued is None or not isinstance(queued.data, dict) or "result" in queued.data:
+        return None
+    return queued if queued.data.get("id") == secret and "task" in queued.data else None
+
+
+def _called(queued: Any, result_id: str) -> TaskRecord | None:
+    """Return the record to write as a worker first starts the one-row enqueue ``queued``
+    (None if ``queued`` carries no call, or another)."""
+    data = getattr(queued, "data", None)
+    if not isinstance(data, dict) or "task" not in data or "result" in data:
+        return None
+    record = _waiting(queued, data)
+    return record if record.id == result_id else None
 
 
 def _error_entry(error: BaseException) -> dict[str, str]:
@@ -671,19 +790,29 @@ def task_handlers() -> list[Handler]:
 
 def _run_stored(task: TubeTask) -> None:
     """Run the Django Task a tube task points at (the tube handler of the backend's queues)."""
-    result_id = (task.data or {})["result"]
-    record = TaskRecord.objects.filter(pk=result_id).only("backend").first()
-    if record is None:
-        logger.warning("Django task %s has no record any more: dropped", result_id)
+    data = task.data if isinstance(task.data, dict) else {}
+    result_id = result_id_of(task)
+    if result_id is None:
+        logger.warning("tube task %s carries no Django task: dropped", task.pk)
         return
-    taskloop_backend(record.backend).execute(result_id, f"{socket.gethostname()}:{os.getpid()}", queued=task)
+    alias = data.get("backend")
+    if "result" in data:  # the record was written first: it names the backend
+        alias = TaskRecord.objects.filter(pk=result_id).values_list("backend", flat=True).first()
+        if alias is None:
+            logger.warning("Django task %s has no record any more: dropped", result_id)
+            return
+    taskloop_backend(str(alias)).execute(result_id, f"{socket.gethostname()}:{os.getpid()}", queued=task)
 
 
 def result_id_of(task: TubeTask) -> str | None:
     """Return the Django Task result id a tube task of the backend carries (``None``: not one)."""
     data = task.data if isinstance(task.data, dict) else {}
     result = data.get("result")
-    return str(result) if result is not None else None
+    if result is not None:  # the record was written first (see enqueue)
+        return str(result)
+    if "task" in data and "id" in data:  # a one-row enqueue: the tube task carries the call
+        return f"{task.pk}-{data['id']}"
+    return None
 
 
 def task_path_of(task: TubeTask) -> str | None:

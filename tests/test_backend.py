@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from django_taskloop.backends import TaskloopBackend, tube_name
+from django_taskloop.backends import TaskloopBackend, result_id_of, tube_name
 from django_taskloop.engine import db_now
 from django_taskloop.models import TaskRecord, Tube
 
@@ -29,7 +29,7 @@ def test_the_configured_backend_is_taskloop():
     assert backend.supports_defer and backend.supports_get_result and backend.supports_priority
 
 
-def test_enqueue_stores_the_call_and_puts_it_in_the_queue_tube():
+def test_enqueue_writes_one_row_the_tube_task_that_carries_the_call():
     result = add.using(priority=30).enqueue(2, b=3)
     assert result.status == TaskResultStatus.READY
     assert result.args == [2] and result.kwargs == {"b": 3}
@@ -38,10 +38,22 @@ def test_enqueue_stores_the_call_and_puts_it_in_the_queue_tube():
     assert tube.type == "fifottl"
     (task,) = tube.tasks.all()
     assert task.state == "r"
-    assert task.data == {"result": result.id}
+    assert result_id_of(task) == result.id == f"{task.pk}-{task.data['id']}"
+    assert task.data == {
+        "task": add.module_path,
+        "args": [2],
+        "kwargs": {"b": 3},
+        "id": task.data["id"],
+        "backend": "default",
+        "queue": "default",
+    }
     assert task.pri == 70  # higher Django priority, lower (sooner) tube pri
+    # One row: the result reads from the tube task until a worker starts it.
+    assert not TaskRecord.objects.exists()
     again = add.get_result(result.id)
     assert again.status == TaskResultStatus.READY
+    assert again.id == result.id and again.enqueued_at == result.enqueued_at
+    assert (again.args, again.kwargs) == ([2], {"b": 3})
     assert again.task.func is add.func
     assert again.task.priority == 30
     with pytest.raises(ValueError, match="not finished"):
@@ -123,7 +135,7 @@ def test_the_demo_view_enqueues_a_task_and_shows_its_result(client):
     assert response.status_code == 202
     result_id = response.json()["id"]
     assert response.json()["status"] == "READY"
-    assert TaskRecord.objects.get(pk=result_id).task_path == "demo.tasks.count_reviewed"
+    assert task_backends["default"].get_result(result_id).task.module_path == "demo.tasks.count_reviewed"
     shown = client.get(f"/demo/tasks/{result_id}/").json()
     assert shown == {"id": result_id, "status": "READY"}
     task_backends["default"].execute(result_id, "here")

@@ -10,7 +10,7 @@ import datetime as dt
 import pytest
 from asgiref.sync import async_to_sync
 
-from django_taskloop.backends import TaskloopBackend, tube_name
+from django_taskloop.backends import TaskloopBackend, result_id_of, tube_name
 from django_taskloop.engine import db_now
 from django_taskloop.models import TaskRecord, Tube
 
@@ -38,11 +38,11 @@ def run_ready(queue: str = "default") -> list[str]:
     ran = []
     while (queued := tube.take(0, consumer="contract")) is not None:
         try:
-            default_task_backend.execute(queued.data["result"], "host:1", queued=queued)
+            default_task_backend.execute(result_id_of(queued), "host:1", queued=queued)
         except FailedForGood:
             pass
         tube.ack(queued.id, consumer="contract")
-        ran.append(queued.data["result"])
+        ran.append(result_id_of(queued))
     return ran
 
 

@@ -15,7 +15,7 @@ import pytest
 from django.core import checks
 
 from django_taskloop.backends import TaskloopBackend
-from django_taskloop.models import Failure, TaskRecord, Tube
+from django_taskloop.models import Failure, Task, TaskRecord, Tube
 from django_taskloop.workers import FailedForGood
 from tests.testapp.models import WorkLog
 
@@ -74,7 +74,9 @@ def test_system_exit_and_keyboard_interrupt_end_failed_and_the_worker_carries_on
 )
 def test_a_stored_path_that_is_not_a_task_ends_failed_and_is_never_called(path, error):
     result = add.enqueue(1, 2)
-    TaskRecord.objects.filter(pk=result.id).update(task_path=path)
+    # The tube task carries the call until a worker starts it: its path changes there.
+    (queued,) = Tube.objects.get(name="tasks.default").tasks.all()
+    Task.objects.filter(pk=queued.pk).update(data={**queued.data, "task": path})
 
     run = run_workers("--burst", "--only", "tasks.default")
 
@@ -98,7 +100,7 @@ def test_a_hard_stop_puts_a_running_task_back_to_ready_and_it_runs_again():
     result = nap.enqueue(30)
     worker = start_workers("--only", "tasks.default")
     try:
-        wait_until(lambda: TaskRecord.objects.get(pk=result.id).status == "RUNNING", timeout=60)
+        wait_until(lambda: TaskRecord.objects.filter(pk=result.id, status="RUNNING").exists(), timeout=60)
         started = time.monotonic()
         worker.send_signal(signal.SIGTERM)
         time.sleep(0.3)

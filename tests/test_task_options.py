@@ -13,10 +13,10 @@ import time
 import pytest
 from django.db import transaction
 
-from django_taskloop.backends import TaskloopBackend, keyed_tube_name, tube_name
+from django_taskloop.backends import TaskloopBackend, keyed_tube_name, result_id_of, tube_name
 from django_taskloop.engine import db_now
 from django_taskloop.exceptions import TaskExpired
-from django_taskloop.models import Failure, TaskRecord, Tube
+from django_taskloop.models import Failure, Task, TaskRecord, Tube
 from django_taskloop.task_options import TaskloopTask
 from django_taskloop.workers import FailedForGood
 from tests.testapp.models import WorkLog
@@ -59,7 +59,7 @@ def run_one(queue: str = "default", keyed: bool = False):
     queued = take(queue, keyed)
     assert queued is not None
     try:
-        backend().execute(queued.data["result"], "test-worker", queued=queued)
+        backend().execute(result_id_of(queued), "test-worker", queued=queued)
     except FailedForGood as error:
         Tube.objects.get(pk=queued.tube_id).ack(queued.id, consumer="test")
         return error
@@ -134,7 +134,7 @@ def test_a_failed_attempt_with_attempts_left_is_ready_again_after_its_backoff():
     assert len(result.errors) == 1 and "kaboom" in result.errors[0].traceback
     assert result.errors[0].exception_class is RuntimeError
     (queued,) = Tube.objects.get(name=tube_name("default")).tasks.all()
-    assert queued.state == "~" and queued.data["result"] == result.id
+    assert queued.state == "~" and result_id_of(queued) == result.id
     waits = (queued.event_at - db_now()).total_seconds()
     assert 590 < waits <= 600  # ten_minutes(1): the callable backoff
     # Nothing to take meanwhile.
@@ -198,12 +198,18 @@ def test_retries_run_in_worker_processes_and_every_attempt_is_kept():
 
 
 def age(result, seconds: float, run_after_ago: float | None = None) -> None:
-    """Make ``result`` look enqueued ``seconds`` ago (and due ``run_after_ago`` seconds ago)."""
+    """Make ``result`` look enqueued ``seconds`` ago (and due ``run_after_ago`` seconds ago):
+    its record if a worker wrote one, else the tube task that carries its call."""
     now = db_now()
-    TaskRecord.objects.filter(pk=result.id).update(
-        enqueued_at=now - dt.timedelta(seconds=seconds),
-        run_after=None if run_after_ago is None else now - dt.timedelta(seconds=run_after_ago),
-    )
+    enqueued = now - dt.timedelta(seconds=seconds)
+    run_after = None if run_after_ago is None else now - dt.timedelta(seconds=run_after_ago)
+    TaskRecord.objects.filter(pk=result.id).update(enqueued_at=enqueued, run_after=run_after)
+    queued = Task.objects.filter(pk=int(result.id.partition("-")[0])).first() if "-" in result.id else None
+    if queued is not None:
+        queued.data.pop("run_after", None)
+        if run_after is not None:
+            queued.data["run_after"] = run_after.isoformat()
+        Task.objects.filter(pk=queued.pk).update(created=enqueued, data=queued.data)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -400,7 +406,8 @@ def test_enqueue_on_commit_waits_for_the_commit():
     record = TaskRecord.objects.get()
     assert record.id == result.id and record.enqueued_at is not None
     (queued,) = Tube.objects.get(name=tube_name("default")).tasks.all()
-    assert queued.data == {"result": result.id}
+    # Its id was known before commit: the record is written first, the tube task points at it.
+    assert queued.data == {"result": result.id, "task": "tests.options_tasks.on_commit"}
     assert run_one() is None
     assert t.on_commit.get_result(result.id).return_value == "later"
 
@@ -412,9 +419,12 @@ def test_enqueue_on_commit_enqueues_nothing_if_the_transaction_rolls_back():
         add.using(enqueue_on_commit=True).enqueue(1, 2)
         transaction.set_rollback(True)
     assert not TaskRecord.objects.exists()
-    # Outside a transaction it enqueues at once.
+    assert not Task.objects.exists()
+    # Outside a transaction it enqueues at once (one row: the tube task carries the call).
     result = t.on_commit.enqueue("now")
-    assert TaskRecord.objects.get().id == result.id
+    (queued,) = Task.objects.all()
+    assert result_id_of(queued) == result.id
+    assert t.on_commit.get_result(result.id).status == TaskResultStatus.READY
 
 
 # What options cost ---------------------------------------------------------------------------
@@ -439,9 +449,10 @@ def test_options_cost_no_statement_unless_they_look_for_a_twin(settings):
             and not q["sql"].startswith(("SAVEPOINT", "RELEASE"))
         ]
 
+    # One statement: the tube task carries the call and its options (no record yet).
     options = add.using(max_attempts=3, backoff=2, ttl=60, ttr=30)
-    assert len(statements(lambda: options.enqueue(1, 2))) == 2
-    assert len(statements(lambda: t.step.enqueue(1, 1))) == 2
+    assert len(statements(lambda: options.enqueue(1, 2))) == 1
+    assert len(statements(lambda: t.step.enqueue(1, 1))) == 1
     first = statements(lambda: t.refresh.enqueue("x"))
     twin = statements(lambda: t.refresh.enqueue("x"))
     # The tube row's lock and the look for a twin; the twin costs no INSERT.
