@@ -25,7 +25,7 @@ from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, router, transaction
-from django.db.models import Manager
+from django.db.models import Manager, Q
 from django.utils.module_loading import import_string
 
 from . import engine
@@ -63,6 +63,9 @@ __all__ = [
     "task_handlers",
     "taskloop_backend",
     "taskloop_backends",
+    "result_id_of",
+    "task_path_of",
+    "waiting_results",
 ]
 
 logger = logging.getLogger("django_taskloop.tasks")
@@ -802,6 +805,25 @@ def _run_stored(task: TubeTask) -> None:
             logger.warning("Django task %s has no record any more: dropped", result_id)
             return
     taskloop_backend(str(alias)).execute(result_id, f"{socket.gethostname()}:{os.getpid()}", queued=task)
+
+
+def waiting_results(limit: int = 20, result_id: str | None = None) -> tuple[int, list[TaskRecord]]:
+    """Return how many Django Tasks no worker has started yet wait in the queues' tubes (their
+    calls carried by their tube tasks: one-row enqueues, not in ``TaskRecord`` until a worker
+    starts them), and the newest ``limit`` of them as unsaved records, as ``get_result()``
+    reads them; ``result_id``: only that one."""
+    using = router.db_for_read(TaskRecord)
+    queued = TubeTask.objects.using(using).filter(
+        Q(tube__name__startswith=TUBE_PREFIX) | Q(tube__name__startswith=KEYED_TUBE_PREFIX)
+    )
+    if result_id is not None:
+        carrier = _carrier(result_id, using)
+        records = [] if carrier is None else [_waiting(carrier, carrier.data)]
+        return len(records), records
+    # A tube task that points at its record ("result") is listed with the records.
+    queued = queued.exclude(data__has_key="result")
+    records = [_waiting(t, t.data) for t in queued.order_by("-pk")[:limit] if isinstance(t.data, dict)]
+    return queued.count(), records
 
 
 def result_id_of(task: TubeTask) -> str | None:

@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
-from django_taskloop.backends import keyed_tube_name, tube_name
+from django_taskloop.backends import keyed_tube_name, result_id_of, tube_name
 from django_taskloop.models import TaskRecord, Tube
 
 from . import options_tasks as t
@@ -32,7 +32,7 @@ def run_all(queue: str = "default", keyed: bool = False) -> None:
     tube = Tube.objects.get(name=keyed_tube_name(queue) if keyed else tube_name(queue))
     while (queued := tube.take(0, consumer="test")) is not None:
         try:
-            task_backends["default"].execute(queued.data["result"], "host:1", queued=queued)
+            task_backends["default"].execute(result_id_of(queued), "host:1", queued=queued)
         except FailedForGood:
             pass
         tube.ack(queued.id, consumer="test")
@@ -93,6 +93,8 @@ def test_retry_a_failed_task_is_a_new_attempt_of_the_same_result(boss, finished)
 
 def test_retry_of_a_keyed_task_goes_back_to_its_key(finished):
     keyed = t.step.using(max_attempts=1).enqueue(5, 1)
+    queued = Tube.objects.get(name=keyed_tube_name("default")).take(0)
+    task_backends["default"].execute(keyed.id, "host:1", queued=queued)  # its record is written
     TaskRecord.objects.filter(pk=keyed.id).update(status="FAILED")
     task_backends["default"].retry(keyed.id)
     assert (
@@ -137,10 +139,16 @@ def test_expired_task_is_not_ready_in_the_results_list(boss):
 
     from django_taskloop.engine import db_now
 
+    from django_taskloop.models import Task
+
     late = t.must_start_soon.enqueue("late")
     in_time = t.must_start_soon.enqueue("in time")
-    TaskRecord.objects.filter(pk=late.id).update(enqueued_at=db_now() - dt.timedelta(seconds=61))
+    # No worker has started them: the list shows them above the results, read off their
+    # tube tasks (one-row enqueues).
+    Task.objects.filter(pk=int(late.id.split("-")[0])).update(created=db_now() - dt.timedelta(seconds=61))
     page = boss.get(reverse(LIST)).content.decode()
+    assert "2 tasks wait to start" in page
+    assert late.id in page and in_time.id in page
     assert page.count("Failed (ttl ran out)") == 1
     assert page.count("Ready") >= 1  # the one still within its ttl (and the filter's choice)
     detail = boss.get(reverse("admin:django_taskloop_taskrecord_change", args=[late.id])).content.decode()

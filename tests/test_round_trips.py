@@ -14,6 +14,7 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from django_taskloop.backends import result_id_of
 from django_taskloop.engine import db_now, features
 from django_taskloop.exceptions import NotFound
 from django_taskloop.models import Task, TaskRecord, Tube
@@ -101,22 +102,19 @@ def test_a_put_into_a_dropped_tube_inside_a_transaction_writes_nothing_and_the_t
     assert not Task.objects.filter(tube_id=gone.pk).exists()
 
 
-def test_a_django_task_enqueue_inside_a_transaction_is_one_statement_on_postgresql_and_two_inserts_elsewhere():
+def test_a_django_task_enqueue_inside_a_transaction_is_one_insert():
     add.enqueue(1, 2)  # the first enqueue of a process makes the queue's tube
     with transaction.atomic():
         with CaptureQueriesContext(connection) as queries:
             result = add.enqueue(2, 3)
         statements = _statements(queries)
-        if features("default").notify:
-            assert len(statements) == 1, statements
-            assert statements[0].lstrip().upper().startswith("WITH")
-        else:
-            assert len(statements) == 2, statements
-            assert all(sql.lstrip().upper().startswith("INSERT") for sql in statements), statements
-    assert TaskRecord.objects.get(pk=result.id).status == "READY"
-    assert [t.data for t in Tube.objects.get(name="tasks.default").tasks.all().order_by("pk")][-1] == {
-        "result": result.id
-    }
+        # One INSERT (its NOTIFY within it on PostgreSQL): the tube task carries the call.
+        assert len(statements) == 1, statements
+        assert statements[0].lstrip().upper().startswith(("INSERT", "WITH")), statements
+    assert not TaskRecord.objects.filter(pk=result.id).exists()
+    assert add.get_result(result.id).status == "READY"
+    (queued,) = [t for t in Tube.objects.get(name="tasks.default").tasks.all() if result_id_of(t) == result.id]
+    assert queued.data["args"] == [2, 3]
 
 
 def test_derived_put_counts_every_put_and_nothing_rolled_back():
@@ -138,7 +136,7 @@ def test_derived_put_counts_every_put_and_nothing_rolled_back():
     assert Tube.objects.get(pk=tube.pk).statistics()["calls"]["put"] == 6
 
 
-def test_a_django_task_enqueue_is_one_statement_on_postgresql_and_two_inserts_elsewhere(monkeypatch):
+def test_a_django_task_enqueue_is_one_statement_in_autocommit(monkeypatch):
     add.enqueue(1, 2)  # the first enqueue of a process makes the queue's tube
     opened = []
     real_atomic = transaction.Atomic.__enter__
@@ -146,20 +144,15 @@ def test_a_django_task_enqueue_is_one_statement_on_postgresql_and_two_inserts_el
     with CaptureQueriesContext(connection) as queries:
         result = add.enqueue(2, 3)
     statements = [sql for sql in _statements(queries) if sql.upper() not in ("BEGIN", "COMMIT")]
-    if features("default").notify:
-        # Both INSERTs and the wake-up in one statement, in autocommit: one round trip.
-        assert len(statements) == 1, "\n".join(sql[:60] for sql in statements)
-        assert statements[0].lstrip().upper().startswith("WITH")
-        assert opened == []
-    else:
-        assert len(statements) == 2, "\n".join(sql[:60] for sql in statements)
-        assert all(sql.lstrip().upper().startswith("INSERT") for sql in statements)
-    record = TaskRecord.objects.get(pk=result.id)
-    assert result.enqueued_at == record.enqueued_at and record.status == "READY"
-    (queued,) = [
-        t for t in Tube.objects.get(name="tasks.default").tasks.all() if t.data == {"result": result.id}
-    ]
+    # One INSERT (and the wake-up within it on PostgreSQL), in autocommit: one round trip.
+    assert len(statements) == 1, "\n".join(sql[:60] for sql in statements)
+    assert statements[0].lstrip().upper().startswith(("INSERT", "WITH"))
+    assert opened == []
+    assert not TaskRecord.objects.exists()  # written by the worker that starts it
+    (queued,) = [t for t in Tube.objects.get(name="tasks.default").tasks.all() if result_id_of(t) == result.id]
     assert queued.state == "r" and queued.pri == 100 - result.task.priority
+    assert result.enqueued_at == queued.created
+    assert add.get_result(result.id).enqueued_at == result.enqueued_at
 
 
 def test_a_django_task_enqueue_in_a_transaction_that_rolls_back_leaves_nothing():
@@ -178,12 +171,12 @@ def test_enqueue_after_the_queues_tube_was_dropped_makes_it_again():
     Tube.objects.get(name="tasks.default").drop()
     result = add.enqueue(3, 4)
     tube = Tube.objects.get(name="tasks.default")
-    assert [t.data for t in tube.tasks.all()] == [{"result": result.id}]
+    assert [result_id_of(t) for t in tube.tasks.all()] == [result.id]
     with transaction.atomic():
         Tube.objects.get(name="tasks.default").truncate()
         Tube.objects.get(name="tasks.default").drop()
         inner = add.enqueue(5, 6)
-    assert [t.data for t in Tube.objects.get(name="tasks.default").tasks.all()] == [{"result": inner.id}]
+    assert [result_id_of(t) for t in Tube.objects.get(name="tasks.default").tasks.all()] == [inner.id]
 
 
 def test_run_after_in_the_past_is_ready_at_once_and_in_the_future_waits():
@@ -191,7 +184,7 @@ def test_run_after_in_the_past_is_ready_at_once_and_in_the_future_waits():
     future = add.using(run_after=db_now() + dt.timedelta(seconds=300)).enqueue(2, 2)
     tube = Tube.objects.get(name="tasks.default")
     taken = tube.take(0)
-    assert taken is not None and taken.data == {"result": past.id}
+    assert taken is not None and result_id_of(taken) == past.id
     assert tube.take(0) is None
     assert add.get_result(future.id).status == TaskResultStatus.READY
 

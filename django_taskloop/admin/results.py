@@ -21,7 +21,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
-from ..backends import taskloop_backend, taskloop_backends
+from ..backends import taskloop_backend, taskloop_backends, waiting_results
 from ..conf import setting
 from ..models import TaskRecord, TaskRecordStatus
 from .base import TaskloopAdminMixin, humanize_seconds, state_badge
@@ -87,6 +87,8 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     ordering = ("-enqueued_at",)
     sortable_by = ("enqueued_at",)
     read_only_page = True
+    #: The list with the tasks that wait to start above it.
+    change_list_template = "admin/django_taskloop/taskrecord/change_list.html"
     actions = ["retry_tasks"]
     readonly_fields = (
         "id",
@@ -113,12 +115,28 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         retention = float(setting("RESULT_RETENTION"))
+        # Tasks no worker has started wait in their queues' tubes, which carry their calls
+        # (one-row enqueues): shown above the list, and found by an exact id search.
+        searched = request.GET.get("q", "").strip() or None
+        waiting_count, waiting = waiting_results(result_id=searched)
+        if searched is None:
+            waiting_count, waiting = waiting_results()
         extra_context = {
             **(extra_context or {}),
             "subtitle": _("Finished results are kept %(time)s, then pruned by manage.py reap_locks.")
             % {"time": humanize_seconds(retention)},
+            "waiting": [(record, self.status_badge(record)) for record in waiting],
+            "waiting_count": waiting_count,
         }
         return super().changelist_view(request, extra_context)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        """A result, or one that waits to start (read off its tube task, as get_result())."""
+        found = super().get_object(request, object_id, from_field)
+        if found is None and from_field is None:
+            waiting = waiting_results(result_id=object_id)[1]
+            found = waiting[0] if waiting else None
+        return found
 
     def get_retry(self, obj: TaskRecord) -> Any:
         """A FAILED result's page offers the retry the list's action does."""
@@ -131,7 +149,7 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("id"))
     def short_id(self, obj: TaskRecord) -> str:
-        return obj.id[:8]
+        return obj.id if "-" in obj.id else obj.id[:8]
 
     @admin.display(description=_("task"))
     def task_name(self, obj: TaskRecord) -> str:
