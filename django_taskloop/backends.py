@@ -175,7 +175,22 @@ if TASKS_AVAILABLE:
                 if options:
                     call["options"] = options
             queued = self._put(call, task, using, key)
-            result = self._to_result(_waiting(queued, call), task)
+            # (As _to_result(_waiting(queued, call)) reads it, without a model instance.)
+            result: TaskResult[Any] = TaskResult(
+                task=task,
+                id=f"{queued.pk}-{call['id']}",
+                status=TaskResultStatus.READY,
+                enqueued_at=queued.created,
+                started_at=None,
+                finished_at=None,
+                last_attempted_at=None,
+                args=call["args"],
+                kwargs=call["kwargs"],
+                backend=self.alias,
+                errors=[],
+                worker_ids=[],
+            )
+            object.__setattr__(result, "_return_value", None)
             transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=using)
             return result
 
