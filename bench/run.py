@@ -619,6 +619,7 @@ def write_report(
         return "–" if ms is None else f"{ms:.1f} ms {check(ms < limit)}"
 
     put, bulk, drain, board, pickup, growth, once = ([] for _ in range(7))
+    task_peer, task_raw, put_raw = ([] for _ in range(3))
     for db in databases:
         ours_put = rates(table, db, "taskloop", "enqueue", "", None)
         theirs_put = rates(table, db, "tasksdb", "enqueue", "", None)
@@ -633,6 +634,11 @@ def write_report(
         ]
         ceiling = f" ({'; '.join(ceilings)})" if ceilings else ""
         put.append(cell(ours_put, theirs_put, 2) + ceiling)
+        # Issue 28: a Django Task's enqueue() (one row) against the reference backend and raw.
+        ours_task = rates(table, db, "taskloop", "enqueue", "", None, "task_rate")
+        task_peer.append(cell(ours_task, theirs_put, 1.5))
+        task_raw.append(cell(ours_task, raw_put, 0.7))
+        put_raw.append(cell(ours_put, raw_put, 0.7))
         ours_bulk = rates(table, db, "taskloop", "enqueue", "", None, "bulk_rate")
         bulk.append(
             cell(ours_bulk, rates(table, db, "djqueue", "drain", "worker", 4, "bulk_enqueue_rate"), 2)
@@ -656,6 +662,9 @@ def write_report(
         )
     target_rows = [
         ("`put` ≥ 2× django-tasks-db's enqueue", put),
+        ("Django Task `enqueue()` ≥ 1.5× django-tasks-db's", task_peer),
+        ("Django Task `enqueue()` ≥ 0.7× raw SQL's one INSERT per call", task_raw),
+        ("`put` ≥ 0.7× raw SQL's one INSERT per call", put_raw),
         ("`put_many` ≥ 2× dj-queue's `enqueue_all`", bulk),
         ("drain ≥ 0.5× raw batch 100", drain),
         ("board ≥ 5,000 jobs/s (`@board` workers)", board),
