@@ -131,6 +131,9 @@ if TASKS_AVAILABLE:
 
         def validate_task(self, task: Any) -> None:
             super().validate_task(task)
+            # Checked once per queue name and function (enqueue validates every call).
+            if (task.queue_name, task.func) in _valid:
+                return
             # The queue name becomes part of a tube name: check it here, at definition time.
             try:
                 check_name(tube_name(task.queue_name), "queue_name")
@@ -139,6 +142,7 @@ if TASKS_AVAILABLE:
                 check_handler(task.func, "task function")
             except (TypeError, ValueError) as error:
                 raise InvalidTask(str(error)) from None
+            _valid.add((task.queue_name, task.func))
 
         def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
             """Put the call in its queue's tube and return its ``TaskResult`` (READY).
@@ -191,7 +195,10 @@ if TASKS_AVAILABLE:
                 worker_ids=[],
             )
             object.__setattr__(result, "_return_value", None)
-            transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=using)
+            if connections[using].in_atomic_block:
+                transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=using)
+            else:  # (as on_commit would, at once, less its cost on the hot path)
+                task_enqueued.send(type(self), task_result=result)
             return result
 
         def _put(self, call: dict[str, Any], task: Any, using: str, key: str | None) -> TubeTask:
@@ -338,9 +345,10 @@ if TASKS_AVAILABLE:
             """The record of a one-row enqueue that no worker has started, read off its tube task."""
             using = router.db_for_read(TaskRecord)
             queued = _carrier(result_id, using)
-            if queued is None or queued.data.get("backend") != self.alias:
+            call: Any = queued.data if queued is not None else None
+            if queued is None or call.get("backend") != self.alias:
                 return None
-            record = _waiting(queued, queued.data)
+            record = _waiting(queued, call)
             record._state.db = using
             return record
 
@@ -703,7 +711,7 @@ def _record_of(call: dict[str, Any], options: dict[str, Any], priority: int, res
     return record
 
 
-def _waiting(queued: TubeTask, call: dict[str, Any]) -> TaskRecord:
+def _waiting(queued: TubeTask, call: Any) -> TaskRecord:
     """Return the record of a one-row enqueue as it reads until a worker starts it (unsaved):
     its id is ``"<tube task id>-<secret>"``, its enqueue time the tube task's."""
     record = _record_of(call, call.get("options", {}), 100 - queued.pri, f"{queued.pk}-{call['id']}")
@@ -746,6 +754,9 @@ def _missing(*args: Any, **kwargs: Any) -> None:
     """Stand-in for a stored task path that no longer imports (see ``_to_result``)."""
     raise TypeError("the stored task path no longer names a Task")
 
+
+#: (queue name, function) pairs that validate_task has checked.
+_valid: set[tuple[str, Any]] = set()
 
 #: The tube of each queue, by (database alias, queue name): enqueue looks it up once per process.
 _tubes: dict[tuple[str, str], Tube] = {}

@@ -212,7 +212,8 @@ class Tube(TubeConsuming):
         of other models, each with the fields to read back, written with one task, all or
         nothing (:func:`engine.insert_together`: one statement on PostgreSQL)."""
         using, pk = self._using, self.pk
-        chunks = list(engine.batched(tasks, using, per_row=len(Task._meta.concrete_fields)))
+        # (One task, a put: one chunk, without asking the database's limits.)
+        chunks = [tasks] if len(tasks) == 1 else list(engine.batched(tasks, using, per_row=len(Task._meta.concrete_fields)))
         ready = any(task.state == READY for task in tasks)
         returning = ["ttl_at", "event_at"] if self._has_ttl else []
         channel = wakeup.channel(pk) if ready else None
@@ -246,8 +247,10 @@ class Tube(TubeConsuming):
             raise
         if not written:
             raise self._gone()
-        if ready:
+        if ready and inside:
             transaction.on_commit(lambda: wakeup.notify(using, pk), using=using)
+        elif ready:  # (as on_commit would, at once, less its cost on a put's hot path)
+            wakeup.notify(using, pk)
         for task in tasks:
             self._emit(task, "put")
 
