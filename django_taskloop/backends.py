@@ -361,7 +361,7 @@ if TASKS_AVAILABLE:
                     # The code changed since the task was enqueued: the result still reads,
                     # with a stand-in that refuses to run.
                     task = Task(
-                        func=_missing,
+                        func=_missing(record.task_path),
                         priority=record.priority,
                         queue_name=record.queue_name,
                         backend=self.alias,
@@ -750,9 +750,16 @@ def _error_entry(error: BaseException) -> dict[str, str]:
     }
 
 
-def _missing(*args: Any, **kwargs: Any) -> None:
-    """Stand-in for a stored task path that no longer imports (see ``_to_result``)."""
-    raise TypeError("the stored task path no longer names a Task")
+def _missing(path: str) -> Any:
+    """Return a stand-in for a stored task path that no longer imports (see ``_to_result``):
+    named by that path (logs and ``TaskResult.task`` say which task it was), refusing to run."""
+
+    def missing(*args: Any, **kwargs: Any) -> None:
+        raise TypeError(f"{path} no longer names a Task")
+
+    module, _, name = path.rpartition(".")
+    missing.__module__, missing.__name__, missing.__qualname__ = module or __name__, name, name
+    return missing
 
 
 #: (queue name, function) pairs that validate_task has checked.

@@ -93,6 +93,9 @@ def test_a_stored_path_that_is_not_a_task_ends_failed_and_is_never_called(path, 
     again = task_backends["default"].get_result(result.id)
     assert again.status == TaskResultStatus.FAILED
     assert again.errors[0].traceback == stored["traceback"]
+    # Named by the stored path, not by a stand-in's name (issue 28, item 3).
+    assert again.task.module_path == path
+    assert "_missing" not in run.stderr
 
 
 @pytest.mark.slow
