@@ -777,11 +777,19 @@ def _tube(using: str, queue_name: str, fresh: bool = False, keyed: bool = False)
     # No look here whether a cached tube is still there: the task's INSERT writes only if it
     # is (Tube.put), and a NotFound brings the caller back with fresh=True.
     if fresh or tube is None:
-        _tubes[key] = Tube.objects.db_manager(using).create_tube(
+        tube = Tube.objects.db_manager(using).create_tube(
             *((keyed_tube_name(queue_name), "utubettl") if keyed else (tube_name(queue_name), "fifottl")),
             if_not_exists=True,
         )
-    return _tubes[key]
+        if connections[using].in_atomic_block:
+            # Kept once the caller commits: a tube made in a transaction that rolls back is
+            # gone, and SQLite gives its id to the next tube made (another queue's), where a
+            # kept copy would put this queue's tasks.
+            _tubes.pop(key, None)
+            transaction.on_commit(partial(_tubes.__setitem__, key, tube), using=using)
+        else:
+            _tubes[key] = tube
+    return tube
 
 
 def taskloop_backends() -> list[TaskloopBackend]:

@@ -230,3 +230,20 @@ def test_ack_and_take_on_a_paused_tube_acknowledges_and_takes_nothing():
         tube.ack_and_take([], -1, consumer="w")
     with pytest.raises(TypeError, match="limit"):
         tube.ack_and_take([], True, consumer="w")
+
+
+def test_a_queue_s_tube_made_in_a_rolled_back_transaction_is_not_kept():
+    """The backend keeps each queue's tube per process; one made inside a transaction that
+    rolls back is gone, and SQLite gives its id to the next tube made: the queue's next task
+    must not land in that other queue's tube."""
+    for name in ("tasks.default", "tasks.slow"):
+        if (tube := Tube.objects.filter(name=name).first()) is not None:
+            tube.drop()
+    with transaction.atomic():
+        add.enqueue(0, 0)  # makes tasks.default
+        transaction.set_rollback(True)
+    slow = add.using(queue_name="slow").enqueue(1, 1)  # makes tasks.slow (SQLite: the same id)
+    default = add.enqueue(2, 2)
+    by_tube = {t.name: [result_id_of(task) for task in t.tasks.all()] for t in Tube.objects.all()}
+    assert by_tube["tasks.slow"] == [slow.id]
+    assert by_tube["tasks.default"] == [default.id]
