@@ -447,10 +447,13 @@ if TASKS_AVAILABLE:
             expired: list[BaseException] = []
             # A plain read first: a locking read of a missing key would lock the gap it falls
             # in (InnoDB), and two workers starting new records would deadlock on it.
-            new = None if manager.filter(pk=result_id).exists() else _called(queued, result_id)
+            fresh = not manager.filter(pk=result_id).exists()
 
             def start() -> TaskRecord | None:
-                record = new if new is not None else manager.select_for_update().filter(pk=result_id).first()
+                # (Built anew on each try: a retried transaction starts from scratch.)
+                record = _called(queued, result_id) if fresh else None
+                if not fresh:
+                    record = manager.select_for_update().filter(pk=result_id).first()
                 if record is None or record.status in (TaskRecordStatus.SUCCESSFUL, TaskRecordStatus.FAILED):
                     # Finished already: the worker that ran it died before acknowledging.
                     return None
@@ -467,7 +470,7 @@ if TASKS_AVAILABLE:
                     record.started_at = record.started_at or now
                     record.last_attempted_at = now
                     record.worker_ids = [*record.worker_ids, worker_id]
-                if new is not None:
+                if fresh:
                     record.save(using=using, force_insert=True)
                 elif not expired:
                     record.save(update_fields=["status", "started_at", "last_attempted_at", "worker_ids"])
@@ -476,7 +479,7 @@ if TASKS_AVAILABLE:
             try:
                 record = engine.run_in_transaction(TaskRecord, using, start)
             except IntegrityError:
-                if new is None:
+                if not fresh:
                     raise
                 return None  # another worker wrote the record first: it runs the task
             if record is not None and expired:
