@@ -322,14 +322,14 @@ def _import_floor() -> float:
 
 def startup(samples: int, record_dir: Path, timeout: float) -> dict:
     """Spawn ``manage.py workers`` with one task already queued: spawn → handler start (ms)."""
-    from benchapp.taskloop import startup_task
-
-    from django_taskloop.models import TaskRecord
-
     # As an installed package is (pip byte-compiles what it installs): this checkout's bytecode
     # written once, which PYTHONDONTWRITEBYTECODE (common in containers) would otherwise leave
     # every spawn to compile afresh, ~50 modules, 0.2 s of CPU (a py-spy/cProfile finding).
     import compileall
+
+    from benchapp.taskloop import startup_task
+
+    from django_taskloop.models import TaskRecord
 
     for tree in (HERE.parent / "django_taskloop", PROJECT):
         compileall.compile_dir(str(tree), quiet=1)

@@ -92,7 +92,9 @@ def test_an_async_task_runs_under_a_running_worker_with_its_context_and_the_asyn
     worker = start_workers("--only", tube_name(log_async.queue_name))
     try:
         for result in results:
-            wait_until(lambda result=result: (result.refresh(), result.status.name)[1] in ("SUCCESSFUL", "FAILED"))
+            wait_until(
+                lambda result=result: (result.refresh(), result.status.name)[1] in ("SUCCESSFUL", "FAILED")
+            )
     finally:
         output = stop(worker)
     assert "never awaited" not in output and "SynchronousOnlyOperation" not in output, output
@@ -193,7 +195,9 @@ def test_a_worker_started_with_a_task_queued_starts_it_before_any_wait(tmp_path,
         output = stop(worker)
     seen = lines(events)
     assert f"started {queued.id}" in seen, (seen, output)
-    assert seen[0] == f"started {queued.id}", f"the worker waited before its first claim: {seen[:5]}\n{output}"
+    assert seen[0] == f"started {queued.id}", (
+        f"the worker waited before its first claim: {seen[:5]}\n{output}"
+    )
     queued.refresh()
     assert queued.status.name == "SUCCESSFUL", queued.errors
 

@@ -224,6 +224,8 @@ def test_aclaim_refuses_bad_input_as_claim_does_and_locks_nothing(args, kwargs):
 
 def test_aclaim_on_a_sliced_queryset_raises_claims_error():
     Ticket.objects.create(rank=1)
-    error = same_error(lambda: Ticket.objects.all()[:1].claim("ed", 1), lambda: Ticket.objects.all()[:1].aclaim("ed", 1))
+    error = same_error(
+        lambda: Ticket.objects.all()[:1].claim("ed", 1), lambda: Ticket.objects.all()[:1].aclaim("ed", 1)
+    )
     assert "sliced" in str(error)
     assert not Ticket.objects.filter(locked_by__isnull=False).exists()
