@@ -97,6 +97,7 @@ def plan(quick: bool, databases: list[str], systems: list[str]) -> list[Step]:
         board_jobs = 100 if quick else 200
         enqueue_jobs = 100 if quick else 200
         samples = 10 if quick else 50
+        startup_samples = 3 if quick else 5
         sizes = "10000,30000" if quick else "10000,100000,1000000"
         for system in systems:
             if system == "taskloop":
@@ -114,6 +115,7 @@ def plan(quick: bool, databases: list[str], systems: list[str]) -> list[Step]:
                 verbs_args = {"jobs": board_jobs, "processes": 4, "batch": 1}
                 steps.append(Step(system, db, "board_verbs", verbs_args, top, "claim_next", 4))
                 steps.append(Step(system, db, "growth", {"sizes": sizes, "samples": 50 if quick else 100}, 1))
+                steps.append(Step(system, db, "startup", {"samples": startup_samples}, 1))
             elif system == "raw":
                 for n in procs:
                     raw_args = {"jobs": drain_jobs, "processes": n, "batch": 100}
@@ -131,6 +133,7 @@ def plan(quick: bool, databases: list[str], systems: list[str]) -> list[Step]:
                     )
                 steps.append(Step(system, db, "enqueue", {"jobs": enqueue_jobs}, 1 if quick else 2))
                 steps.append(Step(system, db, "latency", {"samples": samples, "gap": 0.2}, 1))
+                steps.append(Step(system, db, "startup", {"samples": startup_samples}, 1))
     return steps
 
 
@@ -176,8 +179,14 @@ def ensure_venv(name: str) -> None:
     marker.write_text(stamp)
 
 
+def db_name(system: str) -> str:
+    """The database of ``system``: ``bench_<system>``, or with ``BENCH_DB_PREFIX`` another prefix
+    (so that a second checkout's run does not drop the databases of a run in progress)."""
+    return f"{os.environ.get('BENCH_DB_PREFIX', 'bench')}_{system}"
+
+
 def database_url(system: str, db: str, args: argparse.Namespace, results: Path) -> str:
-    name = f"bench_{system}"
+    name = db_name(system)
     if db == "sqlite":
         return f"sqlite:///{results / 'db' / (name + '.sqlite3')}"
     base = args.mysql if db == "mysql" else args.postgres
@@ -187,7 +196,7 @@ def database_url(system: str, db: str, args: argparse.Namespace, results: Path) 
 
 def recreate_database(system: str, db: str, args: argparse.Namespace, results: Path) -> None:
     """Start ``system`` from an empty database on ``db``."""
-    name = f"bench_{system}"
+    name = db_name(system)
     if db == "sqlite":
         path = results / "db" / f"{name}.sqlite3"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -520,6 +529,8 @@ def write_report(
             lines.append(f"| {LABELS[system]} | " + " | ".join(cells) + " |")
     lines.append("")
 
+    lines += startup_section(table, databases)
+
     # What an idle worker costs.
     idle_rows = []
     for db in databases:
@@ -721,6 +732,43 @@ def write_report(
     return text
 
 
+def startup_section(table: dict, databases: list[str]) -> list[str]:
+    """Start-up: spawn → the first handler start of a task queued before the spawn."""
+    rows = []
+
+    def cells(system: str, median: str, most: str) -> list[str]:
+        out = []
+        for db in databases:
+            row = (table.get((db, system, "startup", "", None)) or [None])[0]
+            out.append(f"{fmt_ms(row.get(median))} / {fmt_ms(row.get(most))}" if row else "–")
+        return out
+
+    for label, system, median, most in (
+        ("django-taskloop, tube task (`--only bench`)", "taskloop", "median_ms", "max_ms"),
+        ("django-taskloop, Django Task (every handler)", "taskloop", "task_median_ms", "task_max_ms"),
+        ("django-taskloop, the floor: `django.setup()` + import", "taskloop", "import_ms", "import_ms"),
+        ("django-tasks-db", "tasksdb", "median_ms", "max_ms"),
+        ("django-q2", "q2", "median_ms", "max_ms"),
+        ("dj-queue", "djqueue", "median_ms", "max_ms"),
+    ):
+        row = cells(system, median, most)
+        if any(c != "–" for c in row):
+            rows.append(f"| {label} | " + " | ".join(row) + " |")
+    if not rows:
+        return []
+    return [
+        "## Start-up, spawn → first handler start of a task queued before (ms, median / max)",
+        "",
+        "A worker process spawned (not burst) with one task already queued, import time included; "
+        "target under 1,000 ms. Each sample's machine load is in results.json.",
+        "",
+        "| worker | " + " | ".join(DB_LABELS[db] for db in databases) + " |",
+        "|---|" + "---|" * len(databases),
+        *rows,
+        "",
+    ]
+
+
 def plot(results: list[dict], out: Path, databases: list[str]) -> Path | None:
     try:
         import matplotlib
@@ -784,7 +832,7 @@ def main() -> None:
     parser.add_argument(
         "--scenarios",
         default="",
-        help="comma-separated subset (drain,enqueue,latency,loop,board,board_verbs,growth)",
+        help="comma-separated subset (drain,enqueue,latency,loop,board,board_verbs,growth,startup)",
     )
     parser.add_argument("--mysql", default=os.environ.get("BENCH_MYSQL", "mysql://root@127.0.0.1:3306"))
     parser.add_argument("--postgres", default=os.environ.get("BENCH_POSTGRES", "postgres://"))

@@ -26,6 +26,12 @@ Scenarios (each prints one ``BENCH {json}`` line for ``bench/run.py``):
 - ``growth``: claim latency, ``take(0)``, on the tube as it grows through ``--sizes`` ready
   tasks (median and p95 of ``--samples`` takes at each size; each take is followed by an
   ``ack``, timed apart, and a ``put`` that keeps the size, not timed).
+- ``startup``: with one task already queued on an idle machine, spawn ``manage.py workers``
+  (not burst) and time spawn → the handler's start, import time included: ``--only bench``
+  for a tube task, and plain ``manage.py workers`` (every handler) for a Django Task; median
+  and max of ``--samples`` spawns each. For reference, ``import_ms``: spawn → the end of
+  ``django.setup()`` and the worker's import in a process that does nothing else (the floor).
+  The checkout is byte-compiled first, as a pip install is.
 """
 
 from __future__ import annotations
@@ -278,6 +284,78 @@ def latency(samples: int, gap: float, record_dir: Path, idle_seconds: float = 3.
     return {**latencies(records, put_times), "idle": idle, **check_once(records, range(samples))}
 
 
+def _spawn_until_record(record_dir: Path, n: int, only: str | None, timeout: float) -> float:
+    """Spawn ``manage.py workers`` (``--only`` ``only``, or every handler), wait for job ``n``'s
+    handler start, stop the worker; return spawn → start in milliseconds."""
+    connections.close_all()
+    cmd = workers_command(1, burst=False, only=only or "")
+    if only is None:
+        cmd = cmd[: cmd.index("--only")]
+    log = open(record_dir / "worker.out", "ab")  # noqa: SIM115
+    spawned = time.time()
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, RECORD_DIR_ENV: str(record_dir)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        if not wait_for_records(record_dir, 1, timeout, poll=0.005):
+            raise RuntimeError(f"job {n} did not start within {timeout} s (see {record_dir / 'worker.out'})")
+    finally:
+        stop(proc)
+    ((seen, started),) = read_records(record_dir)
+    assert seen == n, (seen, n)
+    return (started - spawned) * 1000
+
+
+def _import_floor() -> float:
+    """Spawn → the end of ``django.setup()`` and the worker's import, in a process that does
+    nothing else: milliseconds (the floor under any start-up of ``manage.py workers``)."""
+    code = "import django, time; django.setup(); import django_taskloop.workers.runner; print(time.time())"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT), str(HERE.parent)])}
+    spawned = time.time()
+    done = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
+    return (float(done.stdout.split()[-1]) - spawned) * 1000
+
+
+def startup(samples: int, record_dir: Path, timeout: float) -> dict:
+    """Spawn ``manage.py workers`` with one task already queued: spawn → handler start (ms)."""
+    # As an installed package is (pip byte-compiles what it installs): this checkout's bytecode
+    # written once, which PYTHONDONTWRITEBYTECODE (common in containers) would otherwise leave
+    # every spawn to compile afresh, ~50 modules, 0.2 s of CPU (a py-spy/cProfile finding).
+    import compileall
+
+    from benchapp.taskloop import startup_task
+
+    from django_taskloop.models import TaskRecord
+
+    for tree in (HERE.parent / "django_taskloop", PROJECT):
+        compileall.compile_dir(str(tree), quiet=1)
+    tube = empty_tube()
+    tube_ms, task_ms, floor_ms = [], [], []
+    for n in range(samples):
+        fresh_dir(record_dir)
+        tube.put(n)
+        tube_ms.append(_spawn_until_record(record_dir, n, TUBE, timeout))
+        fresh_dir(record_dir)
+        startup_task.enqueue(n)
+        task_ms.append(_spawn_until_record(record_dir, n, None, timeout))
+        floor_ms.append(_import_floor())
+    TaskRecord.objects.all()._raw_delete(TaskRecord.objects.db)
+    return {
+        "median_ms": statistics.median(tube_ms),
+        "max_ms": max(tube_ms),
+        "task_median_ms": statistics.median(task_ms),
+        "task_max_ms": max(task_ms),
+        "import_ms": statistics.median(floor_ms),
+        "tube_samples_ms": tube_ms,
+        "task_samples_ms": task_ms,
+        "load": open("/proc/loadavg").read().split()[:3] if Path("/proc/loadavg").exists() else None,
+    }
+
+
 def _loop_worker(batch: int) -> None:
     connections.close_all()
     while True:
@@ -449,7 +527,7 @@ def main() -> None:
     )
     parser.add_argument(
         "scenario",
-        choices=["setup", "drain", "enqueue", "latency", "loop", "board", "board_verbs", "growth"],
+        choices=["setup", "drain", "enqueue", "latency", "loop", "board", "board_verbs", "growth", "startup"],
     )
     parser.add_argument("--jobs", type=int, default=20000)
     parser.add_argument("--processes", type=int, default=1)
@@ -480,6 +558,8 @@ def main() -> None:
         result = board(args.jobs, args.processes, record_dir, args.timeout)
     elif args.scenario == "board_verbs":
         result = board_verbs(args.jobs, args.processes, args.batch, record_dir)
+    elif args.scenario == "startup":
+        result = startup(args.samples, record_dir, min(args.timeout, 60))
     else:
         result = growth([int(s) for s in args.sizes.split(",")], args.samples)
     emit(

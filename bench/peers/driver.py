@@ -189,11 +189,40 @@ def latency(samples: int, gap: float, record_dir: Path) -> dict:
     return {**latencies(records, put_times), "idle": idle, **check_once(records, range(samples))}
 
 
+def startup(samples: int, record_dir: Path) -> dict:
+    """Spawn the peer's worker with one job already queued: spawn → handler start (ms)."""
+    import statistics
+
+    from django.db import connections
+
+    flush()
+    times = []
+    for n in range(samples):
+        fresh_dir(record_dir)
+        enqueue_one(n)
+        connections.close_all()
+        spawned = time.time()
+        procs = start_workers(1, burst=False, record_dir=record_dir)
+        try:
+            if not wait_for_records(record_dir, 1, timeout=60, poll=0.005):
+                raise RuntimeError(f"job {n} did not start within 60 s")
+        finally:
+            stop_workers(procs)
+        ((_, started),) = read_records(record_dir)
+        times.append((started - spawned) * 1000)
+    return {
+        "median_ms": statistics.median(times),
+        "max_ms": max(times),
+        "tube_samples_ms": times,
+        "load": open("/proc/loadavg").read().split()[:3],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("scenario", choices=["setup", "drain", "enqueue", "latency"])
+    parser.add_argument("scenario", choices=["setup", "drain", "enqueue", "latency", "startup"])
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--samples", type=int, default=50)
@@ -213,6 +242,8 @@ def main() -> None:
         result = drain(args.jobs, args.processes, record_dir, args.timeout)
     elif args.scenario == "enqueue":
         result = enqueue(args.jobs)
+    elif args.scenario == "startup":
+        result = startup(args.samples, record_dir)
     else:
         result = latency(args.samples, args.gap, record_dir)
     emit({"system": PEER, "scenario": args.scenario, **vars(args), **result})

@@ -18,6 +18,7 @@ import uuid as uuid_module
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Self
 
+from asgiref.sync import sync_to_async
 from django.core.validators import RegexValidator
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import BooleanField, Case, F, Q, Value, When
@@ -750,6 +751,13 @@ class JobBoard(models.Model):
                 raise
             # A rival registered the same entity between our update and our insert: beat again.
             return engine.run_in_transaction(BoardEntity, using, work)
+
+    async def apost(
+        self, name: str, details: dict[str, Any] | None = None, priority: Any = JobPriority.NORMAL
+    ) -> Job:
+        """``await board.apost(...)``: :meth:`post` from async code (same arguments, errors and
+        result), in Django's thread for sync code (``sync_to_async(thread_sensitive=True)``)."""
+        return await sync_to_async(self.post, thread_sensitive=True)(name, details, priority)
 
 
 # -- jobs ------------------------------------------------------------------------------------

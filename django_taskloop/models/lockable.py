@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Self
 
+from asgiref.sync import sync_to_async
 from django.db import models
 from django.db.models import Q
 
@@ -63,6 +64,12 @@ class LockableQuerySet(models.QuerySet):
     def unlocked(self) -> Self:
         """Rows free to claim: never locked, released, or with an expired lease."""
         return self.filter(Q(locked_by__isnull=True) | Q(lock_expires_at__lte=engine.DbNow()))
+
+    async def aclaim(self, owner: str, limit: int, lock_for: float = 3600) -> list[Any]:
+        """``await Model.objects.aclaim(...)``: :meth:`claim` from async code (same arguments,
+        errors and result), in Django's thread for sync code (``sync_to_async(thread_sensitive=True)``,
+        as Django's own async queryset methods run)."""
+        return await sync_to_async(self.claim, thread_sensitive=True)(owner, limit, lock_for)
 
 
 LockableManagerBase = models.Manager.from_queryset(LockableQuerySet)

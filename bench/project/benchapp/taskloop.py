@@ -34,3 +34,9 @@ except ImportError:  # Django 5.2: the backport
 @task()
 def noop_task(n: int) -> None:
     """A Django Task that does nothing: the enqueue scenario times its ``enqueue()``."""
+
+
+@task()
+def startup_task(n: int) -> None:
+    """A Django Task that records its start: the startup scenario times spawn → here."""
+    record(n)

@@ -6,6 +6,7 @@ import datetime
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import Q
 
@@ -476,3 +477,42 @@ class Tube(TubeConsuming):
             tasks["expired"] = counts["expired"]
             tasks["overdue"] = self._tasks().overdue().order_by().count()
         return {"tasks": tasks, "calls": calls_from(sums, tasks["total"] + counts["expired"])}
+
+    # -- async twins of the producer verbs (for async views) ----------------------------------
+
+    async def aput(
+        self,
+        data: Any,
+        pri: int | None = None,
+        ttl: float | None = None,
+        ttr: float | None = None,
+        delay: float | None = None,
+        utube: Any = None,
+        *,
+        run_at: datetime.datetime | None = None,
+    ) -> Task:
+        """``await tube.aput(...)``: :meth:`put` from async code (an async view, a consumer).
+
+        The same arguments, checks, errors and result as :meth:`put`; it runs in Django's
+        thread for synchronous code (``sync_to_async(thread_sensitive=True)``, as Django's own
+        ``acreate`` does), so it uses that thread's connection and joins its transaction, and
+        never raises ``SynchronousOnlyOperation``.
+        """
+        return await sync_to_async(self.put, thread_sensitive=True)(
+            data, pri=pri, ttl=ttl, ttr=ttr, delay=delay, utube=utube, run_at=run_at
+        )
+
+    async def aput_many(
+        self,
+        items: Iterable[Any],
+        pri: int | None = None,
+        ttl: float | None = None,
+        ttr: float | None = None,
+        delay: float | None = None,
+        utube: Any = None,
+    ) -> list[Task]:
+        """``await tube.aput_many(...)``: :meth:`put_many` from async code, as :meth:`aput` is
+        :meth:`put` (the same arguments, errors and result; all or nothing)."""
+        return await sync_to_async(self.put_many, thread_sensitive=True)(
+            items, pri=pri, ttl=ttl, ttr=ttr, delay=delay, utube=utube
+        )
