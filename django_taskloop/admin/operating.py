@@ -2,7 +2,9 @@
 
 - Failures: every handler failure a worker saw, filterable by kind, queue and error, each
   linking to its item; the item's own page shows its attempts and last traceback
-  (:func:`failure_history`).
+  (:func:`failure_history`). A Django Task's failures are named by its result (the item is the
+  result id, whichever tube task brought each attempt), under its queue's Django name, and
+  link to the result's page.
 - Workers: the worker processes alive now, on which host, since when, what each holds.
 """
 
@@ -19,8 +21,9 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from ..engine import db_now
-from ..models import Failure, Job, JobBoard, Task, Tube, WorkerProcess
+from ..models import Failure, Job, JobBoard, Task, TaskRecord, Tube, WorkerProcess
 from ..reaper import loop_models
+from ..stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, django_tasks_queue
 from .base import TaskloopAdminMixin, humanize_seconds, seconds_between
 
 __all__ = ["FailureAdmin", "WorkerProcessAdmin", "failure_history", "register"]
@@ -97,22 +100,48 @@ class FailureQueueFilter(admin.SimpleListFilter):
     title = _("queue")
     parameter_name = "queue"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        queues = [
-            f"task:{name}" for name in Tube.objects.order_by("name").values_list("name", flat=True)[:100]
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        # A Django Tasks queue once, by its Django name; its tubes are not listed (the URL
+        # ?queue=task:tasks.default still filters by one, for an operator).
+        tubes = Tube.objects.order_by("name").values_list("name", flat=True)[:100]
+        choices: list[tuple[str, Any]] = []
+        for name in tubes:
+            queue = django_tasks_queue(name)
+            if queue is None:
+                choices.append((f"task:{name}", f"task:{name}"))
+            elif (f"{DJANGO_TASK}:{queue}", _tasks_title(queue)) not in choices:
+                choices.append((f"{DJANGO_TASK}:{queue}", _tasks_title(queue)))
+        choices += [
+            (f"job:{name}", f"job:{name}")
+            for name in JobBoard.objects.order_by("name").values_list("name", flat=True)[:100]
         ]
-        queues += [
-            f"job:{name}" for name in JobBoard.objects.order_by("name").values_list("name", flat=True)[:100]
+        choices += [
+            (f"loop:{model._meta.label_lower}", f"loop:{model._meta.label_lower}")
+            for model in loop_models()
+            if not model._meta.proxy
         ]
-        queues += [f"loop:{model._meta.label_lower}" for model in loop_models() if not model._meta.proxy]
-        return [(q, q) for q in queues]
+        return choices
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         if not value:
             return queryset
         kind, _sep, queue = value.partition(":")
+        if kind == DJANGO_TASK:
+            return queryset.filter(kind="task", queue__in=[prefix + queue for prefix in TASKS_TUBE_PREFIXES])
         return queryset.filter(kind=kind, queue=queue)
+
+
+def _tasks_title(queue: str) -> str:
+    return f"{queue} (Django Tasks)"
+
+
+def _result_id(failure: Failure) -> str | None:
+    """Return the result id a Failure row of a Django Task names (``None``: not one; rows
+    recorded before the item was the result id name its tube task, all digits)."""
+    if failure.kind != "task" or django_tasks_queue(failure.queue) is None or failure.item.isdigit():
+        return None
+    return failure.item
 
 
 class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
@@ -122,13 +151,13 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     list_display = ("at", "where", "item_link", "attempt", "error_name", "message_preview")
     list_filter = (FailureQueueFilter, "kind", FailureErrorFilter)
     search_fields = ("=item",)
-    search_help_text = _("A task id, job uuid or loop id.")
+    search_help_text = _("A tube task id, job uuid, loop id or Django task result id.")
     ordering = ("-at", "-id")
     sortable_by = ("at",)
     readonly_fields = (
         "kind",
-        "queue",
-        "item",
+        "where",
+        "item_link",
         "attempt",
         "worker",
         "error",
@@ -147,6 +176,9 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("queue"))
     def where(self, obj: Failure) -> str:
+        queue = django_tasks_queue(obj.queue) if obj.kind == "task" else None
+        if queue is not None:
+            return format_html('<small>Django Tasks</small> <span title="{}">{}</span>', obj.queue, queue)
         return format_html("<small>{}</small> {}", obj.kind, obj.queue)
 
     @admin.display(description=_("error"))
@@ -160,7 +192,11 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     @admin.display(description=_("item"))
     def item_link(self, obj: Failure) -> str:
         url = _item_url(obj, self.admin_site.name)
-        return format_html('<a href="{}">{}</a>', url, obj.item) if url else obj.item
+        label = obj.item
+        if _result_id(obj) is not None:
+            # The result's attempts are one item: every row of it links the same result.
+            label = format_html("<small>{}</small> {}", _("result"), obj.item)
+        return format_html('<a href="{}">{}</a>', url, label) if url else label
 
     @admin.display(description=_("traceback"))
     def traceback_block(self, obj: Failure) -> str:
@@ -169,6 +205,11 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
 def _item_url(failure: Failure, site_name: str) -> str | None:
     try:
+        result_id = _result_id(failure)
+        if result_id is not None:
+            if not TaskRecord.objects.filter(pk=result_id).exists():
+                return None  # pruned after RESULT_RETENTION
+            return reverse("admin:django_taskloop_taskrecord_change", args=[result_id], current_app=site_name)
         if failure.kind == "task":
             task = (
                 Task.objects.filter(pk=int(failure.item)).only("pk").first()
