@@ -29,14 +29,22 @@ def test_a_failing_django_task_logs_its_result_id_path_and_attempts_and_is_one_f
     result = t.always_fails.enqueue("boom")
     path = "tests.options_tasks.always_fails"
 
-    run = run_workers("--burst", "--only", "default", DJANGO_SETTINGS_MODULE="tests.workers_settings", TASKLOOP_OVERRIDES=FAST)
+    run = run_workers(
+        "--burst",
+        "--only",
+        "default",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
 
     assert run.returncode == 0, run.stderr
     failed = lines_with(run.stderr, "WARNING django_taskloop.workers")
     # Three attempts, each named by the result and the task, with what became of it.
     assert len(failed) == 3, run.stderr
     for attempt, line in enumerate(failed, 1):
-        assert f'Django task {result.id} ({path}) of queue "default" failed (attempt {attempt} of 3)' in line, line
+        assert (
+            f'Django task {result.id} ({path}) of queue "default" failed (attempt {attempt} of 3)' in line
+        ), line
         assert ": RuntimeError: boom #" in line, line
     assert "retrying in 0 s" in failed[0] and "retrying in" in failed[1]
     assert "retrying" not in failed[2]
@@ -54,7 +62,13 @@ def test_the_start_and_summary_lines_name_the_django_tasks_queue_once():
     plain = add.enqueue(1, 2)
     keyed = t.sync.enqueue(7)
 
-    run = run_workers("--burst", "--only", "default", DJANGO_SETTINGS_MODULE="tests.workers_settings", TASKLOOP_OVERRIDES=FAST)
+    run = run_workers(
+        "--burst",
+        "--only",
+        "default",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
 
     assert run.returncode == 0, run.stderr
     assert TaskRecord.objects.filter(pk__in=[plain.id, keyed.id], status="SUCCESSFUL").count() == 2
@@ -69,7 +83,15 @@ def test_the_start_and_summary_lines_name_the_django_tasks_queue_once():
 def test_an_idle_keyed_tube_adds_no_summary_line():
     add.enqueue(2, 3)
 
-    run = run_workers("--burst", "--only", "default", "--only", "slow", DJANGO_SETTINGS_MODULE="tests.workers_settings", TASKLOOP_OVERRIDES=FAST)
+    run = run_workers(
+        "--burst",
+        "--only",
+        "default",
+        "--only",
+        "slow",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
 
     assert run.returncode == 0, run.stderr
     summaries = lines_with(run.stderr, "summary ")
@@ -85,7 +107,15 @@ def test_verbose_workers_name_each_django_task_as_it_starts_and_ends(verbosity):
     result = add.enqueue(20, 22)
     path = "tests.workers_util.add"
 
-    run = run_workers("--burst", "--only", "default", "-v", verbosity, DJANGO_SETTINGS_MODULE="tests.workers_settings", TASKLOOP_OVERRIDES=FAST)
+    run = run_workers(
+        "--burst",
+        "--only",
+        "default",
+        "-v",
+        verbosity,
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
 
     assert run.returncode == 0, run.stderr
     # The result id twice: as it runs, and as it has finished.
@@ -117,7 +147,13 @@ def test_a_task_path_that_no_longer_imports_is_named_as_stored(tmp_path, monkeyp
     result = vanished.enqueue()
     sys.modules.pop("taskloop_gone_tasks", None)
 
-    run = run_workers("--burst", "--only", "default", DJANGO_SETTINGS_MODULE="tests.workers_settings", TASKLOOP_OVERRIDES=FAST)
+    run = run_workers(
+        "--burst",
+        "--only",
+        "default",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
 
     assert run.returncode == 0, run.stderr
     (line,) = lines_with(run.stderr, "WARNING django_taskloop.workers")

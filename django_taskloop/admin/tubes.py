@@ -26,6 +26,7 @@ from rangefilter.filters import DateTimeRangeFilterBuilder, NumericRangeFilterBu
 
 from .. import engine
 from ..backends import result_id_of
+from ..models import TaskRecord
 from ..models.tubes import (
     BURIED,
     DELAYED,
@@ -39,7 +40,6 @@ from ..models.tubes import (
     TubeStat,
     calls_from,
 )
-from ..models import TaskRecord
 from ..stats import TASKS_TUBE_PREFIXES, django_tasks_queue, tube_summary
 from .base import (
     Retry,
@@ -269,7 +269,9 @@ class TaskAdmin(TaskloopModelAdmin):
         result_id = self._result_id(obj)
         if result_id is not None:
             # The call and its outcome are on the result's page: the data is only a pointer.
-            url = reverse("admin:django_taskloop_taskrecord_change", args=[result_id], current_app=self.admin_site.name)
+            url = reverse(
+                "admin:django_taskloop_taskrecord_change", args=[result_id], current_app=self.admin_site.name
+            )
             return format_html('<a href="{}">{} {}</a>', url, _("Django task result"), result_id)
         return Truncator(json.dumps(obj.data, ensure_ascii=False)).chars(40)
 

@@ -272,9 +272,7 @@ class TubeDriver(Driver["Task"]):
         if result_id is None or task_path_of(item):
             return self.describe(item)
         # A task enqueued before its tube task carried the path: one read (failures, -v 2 only).
-        path = (
-            TaskRecord.objects.filter(pk=result_id).values_list("task_path", flat=True).first()
-        )
+        path = TaskRecord.objects.filter(pk=result_id).values_list("task_path", flat=True).first()
         return self.describe(item, path)
 
     def failure_item(self, item: Task) -> str:
