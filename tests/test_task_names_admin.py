@@ -123,7 +123,8 @@ def test_tube_lists_label_the_backend_s_tubes_and_can_leave_them_out(boss, queue
     assert "hello" in listed and result_url not in listed
     listed = boss.get(tasks).content.decode()
     # A tube task of the backend points at its result, not at a JSON blob.
-    assert f'<a href="{result_url}">Django task result {queued[0].id}</a>' in listed
+    link = f'<a href="{result_url}" title="Django task result {queued[0].id}">result {queued[0].id[:8]}</a>'
+    assert link in listed
 
 
 def test_the_app_index_tells_tube_tasks_from_django_task_results(boss):

@@ -75,13 +75,14 @@ def _waits_row(summary: QueueSummary) -> tuple[str, str]:
     return (_("oldest ready waits"), humanize_seconds(summary.oldest_ready))
 
 
-#: A Django Tasks queue's tube states, in its user's words (``taken``: a worker runs it).
+#: A Django Tasks queue's tube states, in its user's words (``taken``: a worker runs it;
+#: ``delayed``: waits for its ``run_after`` or its retry's backoff).
 DJANGO_TASK_STATE_LABELS = {
     "ready": _lazy("ready"),
     "taken": _lazy("running"),
-    "delayed": _lazy("waiting (run_after, retry)"),
+    "delayed": _lazy("waiting"),
     "buried": _lazy("buried"),
-    "expired": _lazy("running, lease lost"),
+    "expired": _lazy("lease lost"),
 }
 
 
@@ -203,10 +204,6 @@ def _visible_summaries(request: HttpRequest, site: admin.AdminSite) -> list[Queu
     return merge_django_tasks(queue_summaries(kinds, cap=DASHBOARD_COUNT_CAP, limit=MAX_QUEUES, loops=loops))
 
 
-#: How the summary chart names a kind of queue.
-_KIND_WORDS = {DJANGO_TASK: "Django task"}
-
-
 def _summary_charts(summaries: list[QueueSummary]) -> list[SafeString]:
     """Return the charts over every queue: items by state, and the oldest locks."""
     totals: dict[str, int] = {}
@@ -214,7 +211,9 @@ def _summary_charts(summaries: list[QueueSummary]) -> list[SafeString]:
     oldest: list[tuple[str, float]] = []
     for summary in summaries:
         for state, (count, exact) in summary.depth().items():
-            key = f"{_KIND_WORDS.get(summary.kind, summary.kind)} {state}"
+            key = f"{summary.kind} {state}"
+            if summary.kind == DJANGO_TASK:
+                key = f"Django {DJANGO_TASK_STATE_LABELS[state]}"
             totals[key] = totals.get(key, 0) + count
             if not exact:
                 capped.add(key)

@@ -191,25 +191,39 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("item"))
     def item_link(self, obj: Failure) -> str:
+        result_id = _result_id(obj)
+        if result_id is not None:
+            return _result_link(result_id, self.admin_site.name)
         url = _item_url(obj, self.admin_site.name)
-        label = obj.item
-        if _result_id(obj) is not None:
-            # The result's attempts are one item: every row of it links the same result.
-            label = format_html("<small>{}</small> {}", _("result"), obj.item)
-        return format_html('<a href="{}">{}</a>', url, label) if url else label
+        return format_html('<a href="{}">{}</a>', url, obj.item) if url else obj.item
 
     @admin.display(description=_("traceback"))
     def traceback_block(self, obj: Failure) -> str:
         return format_html('<pre class="tl-traceback">{}</pre>', obj.traceback)
 
 
+def _result_link(result_id: str, site_name: str) -> str:
+    """Name a Django Task's result by its task and short id (as *Django task results* lists
+    it), linked to its page: the attempts of one result are one item, each row links it."""
+    path = TaskRecord.objects.filter(pk=result_id).values_list("task_path", flat=True).first()
+    if path is None:  # pruned after RESULT_RETENTION
+        return format_html(
+            '<small>{}</small> <span title="{}">{}</span>', _("result"), result_id, result_id[:8]
+        )
+    url = reverse("admin:django_taskloop_taskrecord_change", args=[result_id], current_app=site_name)
+    return format_html(
+        '<a href="{}" title="{} {}">{} <small>{} {}</small></a>',
+        url,
+        path,
+        result_id,
+        path.rsplit(".", 1)[-1],
+        _("result"),
+        result_id[:8],
+    )
+
+
 def _item_url(failure: Failure, site_name: str) -> str | None:
     try:
-        result_id = _result_id(failure)
-        if result_id is not None:
-            if not TaskRecord.objects.filter(pk=result_id).exists():
-                return None  # pruned after RESULT_RETENTION
-            return reverse("admin:django_taskloop_taskrecord_change", args=[result_id], current_app=site_name)
         if failure.kind == "task":
             task = (
                 Task.objects.filter(pk=int(failure.item)).only("pk").first()

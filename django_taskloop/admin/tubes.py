@@ -58,11 +58,14 @@ from .operating import failure_history, last_failure_note
 __all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "TubeUseFilter", "tube_overview"]
 
 
-def _django_tasks_note(tube_name: str) -> str:
-    """Say that a tube is a Django Tasks queue's (``""``: a tube of the user's own)."""
+def _django_tasks_note(tube_name: str, short: bool = False) -> str:
+    """Say that a tube is a Django Tasks queue's (``""``: a tube of the user's own); ``short``
+    for the list of tube tasks, whose columns must fit 1280 px."""
     queue = django_tasks_queue(tube_name)
     if queue is None:
         return ""
+    if short:
+        return format_html(' <small class="tl-why">{}</small>', _("Django Tasks"))
     keyed = tube_name.startswith(TASKS_TUBE_PREFIXES[1])
     what = _("keyed tasks of Django Tasks queue") if keyed else _("Django Tasks queue")
     return format_html(' <small class="tl-why">{} {}</small>', what, queue)
@@ -250,7 +253,7 @@ class TaskAdmin(TaskloopModelAdmin):
     def tube_name(self, obj: Task) -> str:
         # The name alone ("emails", not "emails (fifottl)"): the type is on the tube's page.
         name = names_of(Tube, obj.tube_id).rsplit(" (", 1)[0]
-        return format_html("{}{}", name, _django_tasks_note(name))
+        return format_html("{}{}", name, _django_tasks_note(name, short=True))
 
     @admin.display(description=_("next event"))
     def deadline(self, obj: Task) -> str:
@@ -272,7 +275,14 @@ class TaskAdmin(TaskloopModelAdmin):
             url = reverse(
                 "admin:django_taskloop_taskrecord_change", args=[result_id], current_app=self.admin_site.name
             )
-            return format_html('<a href="{}">{} {}</a>', url, _("Django task result"), result_id)
+            return format_html(
+                '<a href="{}" title="{} {}">{} {}</a>',
+                url,
+                _("Django task result"),
+                result_id,
+                _("result"),
+                result_id[:8],
+            )
         return Truncator(json.dumps(obj.data, ensure_ascii=False)).chars(40)
 
     def _result_id(self, obj: Task) -> str | None:
