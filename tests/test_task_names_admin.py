@@ -163,3 +163,21 @@ def test_failures_of_a_django_task_are_one_item_linked_to_its_result(boss):
     assert boss.get(url, {"q": result.id}).content.decode().count(f'href="{result_url}"') == 3
     detail = boss.get(reverse("admin:django_taskloop_failure_change", args=[Failure.objects.first().pk]))
     assert result_url in detail.content.decode()
+
+
+def test_live_workers_serve_and_hold_a_django_tasks_queue_by_its_name(boss):
+    WorkerProcess.objects.beat(
+        "h:1",
+        host="h",
+        pid=1,
+        queues=["task:tasks.default", "task:tasks-keyed.default", "task:emails"],
+        holding={"task:tasks.default": 2, "task:tasks-keyed.default": 1},
+    )
+    for url in (
+        reverse("admin:django_taskloop_workerprocess_changelist"),
+        reverse("admin:django_taskloop_dashboard"),
+    ):
+        page = boss.get(url).content.decode()
+        assert "default (Django Tasks), task:emails" in page, url
+        assert "3 of default (Django Tasks)" in page, url
+        assert "tasks.default" not in page and "tasks-keyed" not in page, url

@@ -33,6 +33,7 @@ from .base import count_text, dashboard_url, humanize_seconds, seconds_between
 from .boards import JOB_STATE_LABELS
 from .charts import bar_chart, time_chart
 from .loops import DASHBOARD_COUNT_CAP, loop_models
+from .operating import held_text, served_text
 
 __all__ = ["dashboard_view", "dashboard_data", "pause_view"]
 
@@ -264,8 +265,8 @@ def _workers() -> list[dict[str, Any]]:
             "pid": w.pid,
             "up": humanize_seconds(seconds_between(now, w.started)),
             "beat": humanize_seconds(seconds_between(now, w.beat_at)),
-            "serves": ", ".join(w.queues or []),
-            "holds": ", ".join(f"{n} of {q}" for q, n in (w.holding or {}).items()) or "—",
+            "serves": served_text(w.queues),
+            "holds": held_text(w.holding),
         }
         for w in WorkerProcess.objects.alive().order_by("host", "pid")
     ]

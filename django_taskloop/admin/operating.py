@@ -26,7 +26,27 @@ from ..reaper import loop_models
 from ..stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, django_tasks_queue
 from .base import TaskloopAdminMixin, humanize_seconds, seconds_between
 
-__all__ = ["FailureAdmin", "WorkerProcessAdmin", "failure_history", "register"]
+__all__ = ["FailureAdmin", "WorkerProcessAdmin", "failure_history", "held_text", "register", "served_text"]
+
+
+def _queue_title(name: str) -> str:
+    """A worker's ``kind:queue`` for people: a Django Tasks queue's tubes by its Django name."""
+    kind, _sep, queue = name.partition(":")
+    tasks = django_tasks_queue(queue) if kind == "task" else None
+    return f"{tasks} (Django Tasks)" if tasks is not None else name
+
+
+def served_text(queues: list[str] | None) -> str:
+    """Say what a worker process serves (a Django Tasks queue once, for its two tubes)."""
+    return ", ".join(dict.fromkeys(_queue_title(name) for name in queues or []))
+
+
+def held_text(holding: dict[str, int] | None) -> str:
+    """Say what a worker process holds now: ``3 of emails``; ``—`` for nothing."""
+    held: dict[str, int] = {}
+    for name, n in (holding or {}).items():
+        held[_queue_title(name)] = held.get(_queue_title(name), 0) + n
+    return ", ".join(f"{n} of {queue}" for queue, n in held.items()) or "—"
 
 
 def failure_history(obj: Any, site_name: str = "admin") -> str:
@@ -275,12 +295,11 @@ class WorkerProcessAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("serves"))
     def serves(self, obj: WorkerProcess) -> str:
-        return ", ".join(obj.queues or [])
+        return served_text(obj.queues)
 
     @admin.display(description=_("holds now"))
     def holds(self, obj: WorkerProcess) -> str:
-        held = obj.holding or {}
-        return ", ".join(f"{n} of {queue}" for queue, n in held.items()) or "—"
+        return held_text(obj.holding)
 
 
 def register(site: admin.AdminSite) -> None:
