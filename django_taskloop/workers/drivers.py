@@ -293,8 +293,8 @@ class TubeDriver(Driver["Task"]):
             # The lease ran out under the handler (ttr passed without a beat, or this
             # consumer was taken for dead): those tasks are back in the queue and will run again.
             logger.warning(
-                "tube %s: %d of %d finished tasks had lost their lease",
-                self.tube.name,
+                "%s: %d of %d finished tasks had lost their lease",
+                self.describe_queue(),
                 len(ids) - acked,
                 len(ids),
             )

@@ -831,7 +831,7 @@ class Worker:
                 driver.beat()
             except Exception:
                 # A missed beat is not fatal: the next one, or the lease, covers it.
-                logger.exception("heartbeat of %s %s failed", driver.handler.kind, driver.handler.name)
+                logger.exception("heartbeat of %s failed", driver.describe_queue())
 
     def _say_goodbye(self) -> None:
         """Remove this worker's process row (the dashboard's list of live workers)."""
