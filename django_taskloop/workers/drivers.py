@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from django.db import DatabaseError
+
 from ..backends import result_id_of, task_path_of
 from ..conf import setting
 from ..models import Consumer, JobBoard, TaskRecord, Tube
@@ -272,7 +274,10 @@ class TubeDriver(Driver["Task"]):
         if result_id is None or task_path_of(item):
             return self.describe(item)
         # A task enqueued before its tube task carried the path: one read (failures, -v 2 only).
-        path = TaskRecord.objects.filter(pk=result_id).values_list("task_path", flat=True).first()
+        try:
+            path = TaskRecord.objects.filter(pk=result_id).values_list("task_path", flat=True).first()
+        except DatabaseError:
+            path = None  # a log line is no reason to fail: the result id alone, then
         return self.describe(item, path)
 
     def failure_item(self, item: Task) -> str:

@@ -710,7 +710,7 @@ class Worker:
             )
         except Exception:
             # The failure is in the log anyway; losing its row must not stop the worker.
-            logger.exception("could not record the failure of %s", driver.describe_fully(item))
+            logger.exception("could not record the failure of %s", driver.describe(item))
 
     def _record_throughput(self, driver: Driver, done: int, failed: int, given_back: int) -> None:
         """Count what a batch settled; :meth:`_flush_throughput` writes it."""
