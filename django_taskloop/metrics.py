@@ -1,5 +1,8 @@
 """Prometheus metrics of every queue (SPEC §7), served by ``django_taskloop.urls``.
 
+A Django Tasks queue shows as ``queue="<its Django name>", kind="django_task"``: its two tubes
+(``tasks.<name>``, ``tasks-keyed.<name>``) are the backend's business, merged here.
+
 Everything here only reads: a scrape changes nothing. Counts are grouped reads per state on
 the claim indexes; ``taskloop_processed_total`` comes from the workers' throughput table, whose
 pruned minutes fold into lifetime totals, so the counter never goes down.
@@ -16,7 +19,7 @@ from django.http import HttpRequest, HttpResponse
 from .conf import setting
 from .models import WorkerProcess
 from .models.operating import throughput_totals
-from .stats import queue_summaries
+from .stats import DJANGO_TASK, django_tasks_queue, merge_django_tasks, queue_summaries
 
 __all__ = ["metrics", "render_metrics", "queue_gauges"]
 
@@ -43,9 +46,16 @@ def queue_gauges() -> Iterable[tuple[str, str, dict[str, int], float]]:
     Read from :func:`django_taskloop.stats.queue_summaries` (exact counts), the one
     definition of every state that the admin shows too.
     """
-    for summary in queue_summaries():
+    for summary in merge_django_tasks(queue_summaries()):
         counts = {STATE_LABELS.get((summary.kind, state), state): n for state, n in summary.counts.items()}
         yield summary.kind, summary.name, counts, summary.oldest_ready or 0.0
+
+
+def _labels(kind: str, queue: str) -> tuple[str, str]:
+    """Return the ``(kind, queue)`` labels of a queue a worker names ``(kind, queue)``: a Django
+    Tasks queue's tubes are its Django name, of kind ``django_task``."""
+    name = django_tasks_queue(queue) if kind == "task" else None
+    return (DJANGO_TASK, name) if name is not None else (kind, queue)
 
 
 def render_metrics() -> str:
@@ -66,7 +76,12 @@ def render_metrics() -> str:
         "# HELP taskloop_processed_total Items workers settled, by outcome.",
         "# TYPE taskloop_processed_total counter",
     ]
-    for (kind, queue), totals in sorted(throughput_totals().items()):
+    processed: dict[tuple[str, str], dict[str, int]] = {}
+    for (kind, queue), totals in throughput_totals().items():
+        into = processed.setdefault(_labels(kind, queue), {})
+        for outcome, n in totals.items():
+            into[outcome] = into.get(outcome, 0) + n
+    for (kind, queue), totals in sorted(processed.items()):
         for outcome, n in totals.items():
             lines.append(
                 _line("taskloop_processed_total", {"queue": queue, "kind": kind, "outcome": outcome}, n)
@@ -75,12 +90,12 @@ def render_metrics() -> str:
         "# HELP taskloop_workers Live worker processes serving each queue.",
         "# TYPE taskloop_workers gauge",
     ]
-    serving: dict[str, int] = {}
+    serving: dict[tuple[str, str], int] = {}
     for queues in WorkerProcess.objects.alive().values_list("queues", flat=True):
-        for name in queues or []:
-            serving[name] = serving.get(name, 0) + 1
-    for name, n in sorted(serving.items()):
-        kind, _, queue = name.partition(":")
+        # A process that serves both tubes of a Django Tasks queue counts once for it.
+        for labels in {_labels(*name.partition(":")[::2]) for name in queues or []}:
+            serving[labels] = serving.get(labels, 0) + 1
+    for (kind, queue), n in sorted(serving.items()):
         lines.append(_line("taskloop_workers", {"queue": queue, "kind": kind}, n))
     return "\n".join(lines) + "\n"
 

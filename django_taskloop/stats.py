@@ -31,6 +31,7 @@ from .models import (
     TaskLoopQuerySet,
     Tube,
 )
+from .models.operating import TASKS_TUBE_PREFIXES as _TASKS_TUBE_PREFIXES
 from .models.tubes import TASK_STATES
 
 __all__ = [
@@ -39,7 +40,11 @@ __all__ = [
     "LOCK_BUCKETS",
     "LOOP_STATES",
     "TASK_STATES",
+    "DJANGO_TASK",
+    "TASKS_TUBE_PREFIXES",
     "QueueSummary",
+    "django_tasks_queue",
+    "merge_django_tasks",
     "board_priorities",
     "board_summary",
     "capped_count",
@@ -63,6 +68,23 @@ LOCK_BUCKETS: tuple[tuple[int | None, str], ...] = (
 )
 
 Source = Tube | JobBoard | type[TaskLoop]
+
+#: The kind of a Django Tasks queue where queues are shown to people (the dashboard, the
+#: metrics): its two tubes merged under the queue's Django name.
+DJANGO_TASK = "django_task"
+#: The tubes of the Django Tasks queue ``q`` are ``tasks.q`` (its tasks) and ``tasks-keyed.q``
+#: (its keyed tasks, a ``utubettl``): the backend's ``TUBE_PREFIX`` and ``KEYED_TUBE_PREFIX``,
+#: spelled on the models' floor because it is below the backend's (a test holds them equal).
+TASKS_TUBE_PREFIXES = _TASKS_TUBE_PREFIXES
+
+
+def django_tasks_queue(tube_name: str) -> str | None:
+    """Return the Django Tasks queue whose tasks the tube ``tube_name`` holds (``None``: a tube
+    of the user's own)."""
+    for prefix in TASKS_TUBE_PREFIXES:
+        if tube_name.startswith(prefix) and len(tube_name) > len(prefix):
+            return tube_name[len(prefix) :]
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +118,8 @@ class QueueSummary:
     oldest_claim: float | None = None
     #: A loop's lock that ends last: seconds until it does (``None``: nothing locked).
     longest_lock_left: float | None = None
+    #: A Django Tasks queue (kind :data:`DJANGO_TASK`): the tubes it is made of.
+    tubes: tuple[Tube, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -332,3 +356,42 @@ def queue_summaries(
                     loop_summary(model, cap=cap, now=now, failures=failed.get(("loop", label), 0))
                 )
     return summaries
+
+
+def merge_django_tasks(summaries: Iterable[QueueSummary]) -> list[QueueSummary]:
+    """Return ``summaries`` with the tubes of each Django Tasks queue merged into one summary
+    of kind :data:`DJANGO_TASK`, named by the queue's Django name, where its first tube was.
+
+    Counts add up (a capped count stays capped), the oldest ready task is the older of the
+    two, and the queue reads paused if either tube is (an operator may pause one alone).
+    """
+    merged: list[QueueSummary] = []
+    at: dict[tuple[str, str], int] = {}
+    for summary in summaries:
+        queue = django_tasks_queue(summary.name) if summary.kind == "task" else None
+        if queue is None:
+            merged.append(summary)
+            continue
+        tube: Any = summary.source
+        key = (summary.using, queue)
+        if key not in at:
+            at[key] = len(merged)
+            merged.append(
+                dataclasses.replace(summary, kind=DJANGO_TASK, name=queue, title=queue, tubes=(tube,))
+            )
+            continue
+        first = merged[at[key]]
+        # The plain tube is the queue's source, listed first (by name the keyed one sorts first).
+        plain = summary.name.startswith(TASKS_TUBE_PREFIXES[0])
+        ages = [age for age in (first.oldest_ready, summary.oldest_ready) if age is not None]
+        merged[at[key]] = dataclasses.replace(
+            first,
+            counts={state: n + summary.counts.get(state, 0) for state, n in first.counts.items()},
+            capped=first.capped | summary.capped,
+            oldest_ready=max(ages) if ages else None,
+            paused=first.paused or summary.paused,
+            failures_last_hour=first.failures_last_hour + summary.failures_last_hour,
+            source=tube if plain else first.source,
+            tubes=(tube, *first.tubes) if plain else (*first.tubes, tube),
+        )
+    return merged

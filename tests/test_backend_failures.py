@@ -63,7 +63,7 @@ def test_system_exit_and_keyboard_interrupt_end_failed_and_the_worker_carries_on
     )
     assert errors == ["builtins.KeyboardInterrupt", "builtins.SystemExit"]
     # Counted as failed, not as done; the tube tasks are all settled.
-    assert "summary tasks.default: 1 done, 2 failed" in run.stderr
+    assert "summary default (Django Tasks): 1 done, 2 failed" in run.stderr
     assert Tube.objects.statistics()["tasks.default"]["tasks"]["total"] == 0
 
 

@@ -190,7 +190,7 @@ def test_retries_run_in_worker_processes_and_every_attempt_is_kept():
         (2, "builtins.ValueError"),
         (3, "builtins.RuntimeError"),
     ]
-    assert "summary tasks.default: 2 done, 5 failed" in run.stderr
+    assert "summary default (Django Tasks): 2 done, 5 failed" in run.stderr
     assert Tube.objects.statistics()["tasks.default"]["tasks"]["total"] == 0
 
 

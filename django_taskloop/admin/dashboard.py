@@ -12,17 +12,28 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy as _lazy
 from django.views.decorators.http import require_POST
 
 from .. import engine
 from ..models.boards import Job, JobBoard
 from ..models.operating import Failure, WorkerProcess, throughput_series
+from ..models.results import TaskRecord
 from ..models.tubes import Task, Tube
-from ..stats import LOCK_BUCKETS, QueueSummary, lock_ages, queue_summaries
+from ..stats import (
+    DJANGO_TASK,
+    LOCK_BUCKETS,
+    TASKS_TUBE_PREFIXES,
+    QueueSummary,
+    lock_ages,
+    merge_django_tasks,
+    queue_summaries,
+)
 from .base import count_text, dashboard_url, humanize_seconds, seconds_between
 from .boards import JOB_STATE_LABELS
 from .charts import bar_chart, time_chart
 from .loops import DASHBOARD_COUNT_CAP, loop_models
+from .operating import held_text, served_text
 
 __all__ = ["dashboard_view", "dashboard_data", "pause_view"]
 
@@ -65,6 +76,17 @@ def _waits_row(summary: QueueSummary) -> tuple[str, str]:
     return (_("oldest ready waits"), humanize_seconds(summary.oldest_ready))
 
 
+#: A Django Tasks queue's tube states, in its user's words (``taken``: a worker runs it;
+#: ``delayed``: waits for its ``run_after`` or its retry's backoff).
+DJANGO_TASK_STATE_LABELS = {
+    "ready": _lazy("ready"),
+    "taken": _lazy("running"),
+    "delayed": _lazy("waiting"),
+    "buried": _lazy("buried"),
+    "expired": _lazy("lease lost"),
+}
+
+
 def _loop_card(summary: QueueSummary) -> dict[str, Any]:
     """The rows and charts of a loop's card (an empty loop gets one line, no zeros)."""
     if summary.empty:
@@ -103,9 +125,37 @@ def _tube_card(summary: QueueSummary) -> dict[str, Any]:
     return {"empty": False, "rows": rows, "charts": [chart]}
 
 
+def _tasks_card(summary: QueueSummary) -> dict[str, Any]:
+    """The rows and charts of a Django Tasks queue's card: its two tubes' tasks as one."""
+    rows = [*_depth_rows(summary, DJANGO_TASK_STATE_LABELS), _waits_row(summary)]
+    if summary.empty:
+        return {"empty": True, "rows": rows, "charts": []}
+    chart = bar_chart(_depth_bars(summary, DJANGO_TASK_STATE_LABELS), title=_("Queue depth by state"))
+    return {"empty": False, "rows": rows, "charts": [chart]}
+
+
+def _tasks_links(summary: QueueSummary, site: admin.AdminSite) -> dict[str, Any]:
+    """A Django Tasks queue's card links its results; its internal tubes, for an operator,
+    come after them, small."""
+    results = _url(site, TaskRecord, "changelist")
+    tasks = _url(site, Task, "changelist")
+    return {
+        "kind": _("Django Tasks queue"),
+        "model": Tube,
+        "list_url": f"{results}?queue={summary.name}" if results else None,
+        "list_label": _("results"),
+        "stats_url": None,
+        "tubes": [
+            (tube.name, f"{tasks}?tube__id__exact={tube.pk}" if tasks else None) for tube in summary.tubes
+        ],
+    }
+
+
 def _card_links(summary: QueueSummary, site: admin.AdminSite) -> dict[str, Any]:
     """The card's kind, its pause model and its links to the list and the statistics page."""
     source: Any = summary.source
+    if summary.kind == DJANGO_TASK:
+        return _tasks_links(summary, site)
     if summary.kind == "loop":
         return {
             "kind": _("loop"),
@@ -126,7 +176,8 @@ def _card_links(summary: QueueSummary, site: admin.AdminSite) -> dict[str, Any]:
 def _card(summary: QueueSummary, request: HttpRequest, site: admin.AdminSite) -> dict[str, Any]:
     """Return one queue's card: its links, state rows, charts and failures of the last hour."""
     links = _card_links(summary, site)
-    body = {"loop": _loop_card, "job": _board_card, "task": _tube_card}[summary.kind](summary)
+    cards = {"loop": _loop_card, "job": _board_card, "task": _tube_card, DJANGO_TASK: _tasks_card}
+    body = cards[summary.kind](summary)
     failures_url = _url(site, Failure, "changelist")
     return {
         "kind": links["kind"],
@@ -136,7 +187,9 @@ def _card(summary: QueueSummary, request: HttpRequest, site: admin.AdminSite) ->
         "paused": summary.paused,
         "can_pause": _can_change(request, site, links["model"]),
         "list_url": links["list_url"],
+        "list_label": links.get("list_label", _("list")),
         "stats_url": links["stats_url"],
+        "tubes": links.get("tubes", []),
         "latency": summary.oldest_ready,
         "failures": summary.failures_last_hour,
         "failures_url": f"{failures_url}?queue={summary.kind}:{summary.name}" if failures_url else None,
@@ -149,7 +202,7 @@ def _visible_summaries(request: HttpRequest, site: admin.AdminSite) -> list[Queu
     loops = [model for model in loop_models() if _can_view(request, site, model)]
     kinds = ["loop"] if loops else []
     kinds += [kind for kind, model in (("job", JobBoard), ("task", Tube)) if _can_view(request, site, model)]
-    return queue_summaries(kinds, cap=DASHBOARD_COUNT_CAP, limit=MAX_QUEUES, loops=loops)
+    return merge_django_tasks(queue_summaries(kinds, cap=DASHBOARD_COUNT_CAP, limit=MAX_QUEUES, loops=loops))
 
 
 def _summary_charts(summaries: list[QueueSummary]) -> list[SafeString]:
@@ -160,6 +213,8 @@ def _summary_charts(summaries: list[QueueSummary]) -> list[SafeString]:
     for summary in summaries:
         for state, (count, exact) in summary.depth().items():
             key = f"{summary.kind} {state}"
+            if summary.kind == DJANGO_TASK:
+                key = f"Django {DJANGO_TASK_STATE_LABELS[state]}"
             totals[key] = totals.get(key, 0) + count
             if not exact:
                 capped.add(key)
@@ -210,8 +265,8 @@ def _workers() -> list[dict[str, Any]]:
             "pid": w.pid,
             "up": humanize_seconds(seconds_between(now, w.started)),
             "beat": humanize_seconds(seconds_between(now, w.beat_at)),
-            "serves": ", ".join(w.queues or []),
-            "holds": ", ".join(f"{n} of {q}" for q, n in (w.holding or {}).items()) or "—",
+            "serves": served_text(w.queues),
+            "holds": held_text(w.holding),
         }
         for w in WorkerProcess.objects.alive().order_by("host", "pid")
     ]
@@ -239,6 +294,24 @@ def _can_change(request: HttpRequest, site: admin.AdminSite, model: Any) -> bool
     return model_admin is not None and model_admin.has_change_permission(request)
 
 
+class _TubesOf:
+    """The existing tubes among ``names``, paused and resumed together (``None`` if none is)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.tubes = list(Tube.objects.filter(name__in=names))
+
+    def __bool__(self) -> bool:
+        return bool(self.tubes)
+
+    def pause(self) -> None:
+        for tube in self.tubes:
+            tube.pause()
+
+    def resume(self) -> None:
+        for tube in self.tubes:
+            tube.resume()
+
+
 @require_POST
 def pause_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
     """Pause or resume one queue (POST ``kind``, ``queue``, ``do``=pause|resume) for a user who
@@ -248,18 +321,22 @@ def pause_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
     target: Any = None
     if kind == "task":
         model, target = Tube, Tube.objects.filter(name=queue).first()
+    elif kind == DJANGO_TASK:
+        # A Django Tasks queue: both its tubes (its tasks and its keyed tasks).
+        model, target = Tube, _TubesOf([prefix + queue for prefix in TASKS_TUBE_PREFIXES])
     elif kind == "job":
         model, target = JobBoard, JobBoard.objects.filter(name=queue).first()
     elif kind == "loop":
         model = next((m for m in loop_models() if m._meta.label_lower == queue), None)
         # A loop's pause()/resume() are its manager's verbs.
         target = None if model is None else model._default_manager
-    if model is None or target is None or do not in ("pause", "resume"):
+    if model is None or not target or do not in ("pause", "resume"):
         raise PermissionDenied("unknown queue or verb")
     if not _can_change(request, site, model):
         raise PermissionDenied
     getattr(target, do)()
-    messages.success(request, f"{'Paused' if do == 'pause' else 'Resumed'} {kind} queue {queue}.")
+    what = "Django Tasks" if kind == DJANGO_TASK else kind
+    messages.success(request, f"{'Paused' if do == 'pause' else 'Resumed'} {what} queue {queue}.")
     return HttpResponseRedirect(dashboard_url(site) or reverse("admin:index", current_app=site.name))
 
 

@@ -2,7 +2,9 @@
 
 - Failures: every handler failure a worker saw, filterable by kind, queue and error, each
   linking to its item; the item's own page shows its attempts and last traceback
-  (:func:`failure_history`).
+  (:func:`failure_history`). A Django Task's failures are named by its result (the item is the
+  result id, whichever tube task brought each attempt), under its queue's Django name, and
+  link to the result's page.
 - Workers: the worker processes alive now, on which host, since when, what each holds.
 """
 
@@ -19,11 +21,32 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from ..engine import db_now
-from ..models import Failure, Job, JobBoard, Task, Tube, WorkerProcess
+from ..models import Failure, Job, JobBoard, Task, TaskRecord, Tube, WorkerProcess
 from ..reaper import loop_models
+from ..stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, django_tasks_queue
 from .base import TaskloopAdminMixin, humanize_seconds, seconds_between
 
-__all__ = ["FailureAdmin", "WorkerProcessAdmin", "failure_history", "register"]
+__all__ = ["FailureAdmin", "WorkerProcessAdmin", "failure_history", "held_text", "register", "served_text"]
+
+
+def _queue_title(name: str) -> str:
+    """A worker's ``kind:queue`` for people: a Django Tasks queue's tubes by its Django name."""
+    kind, _sep, queue = name.partition(":")
+    tasks = django_tasks_queue(queue) if kind == "task" else None
+    return f"{tasks} (Django Tasks)" if tasks is not None else name
+
+
+def served_text(queues: list[str] | None) -> str:
+    """Say what a worker process serves (a Django Tasks queue once, for its two tubes)."""
+    return ", ".join(dict.fromkeys(_queue_title(name) for name in queues or []))
+
+
+def held_text(holding: dict[str, int] | None) -> str:
+    """Say what a worker process holds now: ``3 of emails``; ``—`` for nothing."""
+    held: dict[str, int] = {}
+    for name, n in (holding or {}).items():
+        held[_queue_title(name)] = held.get(_queue_title(name), 0) + n
+    return ", ".join(f"{n} of {queue}" for queue, n in held.items()) or "—"
 
 
 def failure_history(obj: Any, site_name: str = "admin") -> str:
@@ -97,22 +120,48 @@ class FailureQueueFilter(admin.SimpleListFilter):
     title = _("queue")
     parameter_name = "queue"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        queues = [
-            f"task:{name}" for name in Tube.objects.order_by("name").values_list("name", flat=True)[:100]
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        # A Django Tasks queue once, by its Django name; its tubes are not listed (the URL
+        # ?queue=task:tasks.default still filters by one, for an operator).
+        tubes = Tube.objects.order_by("name").values_list("name", flat=True)[:100]
+        choices: list[tuple[str, Any]] = []
+        for name in tubes:
+            queue = django_tasks_queue(name)
+            if queue is None:
+                choices.append((f"task:{name}", f"task:{name}"))
+            elif (f"{DJANGO_TASK}:{queue}", _tasks_title(queue)) not in choices:
+                choices.append((f"{DJANGO_TASK}:{queue}", _tasks_title(queue)))
+        choices += [
+            (f"job:{name}", f"job:{name}")
+            for name in JobBoard.objects.order_by("name").values_list("name", flat=True)[:100]
         ]
-        queues += [
-            f"job:{name}" for name in JobBoard.objects.order_by("name").values_list("name", flat=True)[:100]
+        choices += [
+            (f"loop:{model._meta.label_lower}", f"loop:{model._meta.label_lower}")
+            for model in loop_models()
+            if not model._meta.proxy
         ]
-        queues += [f"loop:{model._meta.label_lower}" for model in loop_models() if not model._meta.proxy]
-        return [(q, q) for q in queues]
+        return choices
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         if not value:
             return queryset
         kind, _sep, queue = value.partition(":")
+        if kind == DJANGO_TASK:
+            return queryset.filter(kind="task", queue__in=[prefix + queue for prefix in TASKS_TUBE_PREFIXES])
         return queryset.filter(kind=kind, queue=queue)
+
+
+def _tasks_title(queue: str) -> str:
+    return f"{queue} (Django Tasks)"
+
+
+def _result_id(failure: Failure) -> str | None:
+    """Return the result id a Failure row of a Django Task names (``None``: not one; rows
+    recorded before the item was the result id name its tube task, all digits)."""
+    if failure.kind != "task" or django_tasks_queue(failure.queue) is None or failure.item.isdigit():
+        return None
+    return failure.item
 
 
 class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
@@ -122,13 +171,13 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     list_display = ("at", "where", "item_link", "attempt", "error_name", "message_preview")
     list_filter = (FailureQueueFilter, "kind", FailureErrorFilter)
     search_fields = ("=item",)
-    search_help_text = _("A task id, job uuid or loop id.")
+    search_help_text = _("A tube task id, job uuid, loop id or Django task result id.")
     ordering = ("-at", "-id")
     sortable_by = ("at",)
     readonly_fields = (
         "kind",
-        "queue",
-        "item",
+        "where",
+        "item_link",
         "attempt",
         "worker",
         "error",
@@ -147,6 +196,9 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("queue"))
     def where(self, obj: Failure) -> str:
+        queue = django_tasks_queue(obj.queue) if obj.kind == "task" else None
+        if queue is not None:
+            return format_html('<small>Django Tasks</small> <span title="{}">{}</span>', obj.queue, queue)
         return format_html("<small>{}</small> {}", obj.kind, obj.queue)
 
     @admin.display(description=_("error"))
@@ -159,12 +211,35 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("item"))
     def item_link(self, obj: Failure) -> str:
+        result_id = _result_id(obj)
+        if result_id is not None:
+            return _result_link(result_id, self.admin_site.name)
         url = _item_url(obj, self.admin_site.name)
         return format_html('<a href="{}">{}</a>', url, obj.item) if url else obj.item
 
     @admin.display(description=_("traceback"))
     def traceback_block(self, obj: Failure) -> str:
         return format_html('<pre class="tl-traceback">{}</pre>', obj.traceback)
+
+
+def _result_link(result_id: str, site_name: str) -> str:
+    """Name a Django Task's result by its task and short id (as *Django task results* lists
+    it), linked to its page: the attempts of one result are one item, each row links it."""
+    path = TaskRecord.objects.filter(pk=result_id).values_list("task_path", flat=True).first()
+    if path is None:  # pruned after RESULT_RETENTION
+        return format_html(
+            '<small>{}</small> <span title="{}">{}</span>', _("result"), result_id, result_id[:8]
+        )
+    url = reverse("admin:django_taskloop_taskrecord_change", args=[result_id], current_app=site_name)
+    return format_html(
+        '<a href="{}" title="{} {}">{} <small>{} {}</small></a>',
+        url,
+        path,
+        result_id,
+        path.rsplit(".", 1)[-1],
+        _("result"),
+        result_id[:8],
+    )
 
 
 def _item_url(failure: Failure, site_name: str) -> str | None:
@@ -220,12 +295,11 @@ class WorkerProcessAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("serves"))
     def serves(self, obj: WorkerProcess) -> str:
-        return ", ".join(obj.queues or [])
+        return served_text(obj.queues)
 
     @admin.display(description=_("holds now"))
     def holds(self, obj: WorkerProcess) -> str:
-        held = obj.holding or {}
-        return ", ".join(f"{n} of {queue}" for queue, n in held.items()) or "—"
+        return held_text(obj.holding)
 
 
 def register(site: admin.AdminSite) -> None:

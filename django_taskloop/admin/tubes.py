@@ -1,4 +1,9 @@
-"""Admin of tubes: tubes with their statistics, and tasks with Tarantool's verbs as actions."""
+"""Admin of tubes: tubes with their statistics, and tasks with Tarantool's verbs as actions.
+
+The tubes of a Django Tasks queue (``tasks.default``, ``tasks-keyed.default``) are the
+backend's: their rows say whose they are, their tasks link the Django task result they bring,
+and a filter leaves them out. A Django Tasks user's page is *Django task results*.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
 from django.core.exceptions import PermissionDenied
 from django.db import router
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -20,6 +25,8 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder, NumericRangeFilterBuilder
 
 from .. import engine
+from ..backends import result_id_of
+from ..models import TaskRecord
 from ..models.tubes import (
     BURIED,
     DELAYED,
@@ -33,7 +40,7 @@ from ..models.tubes import (
     TubeStat,
     calls_from,
 )
-from ..stats import tube_summary
+from ..stats import TASKS_TUBE_PREFIXES, django_tasks_queue, tube_summary
 from .base import (
     Retry,
     TaskloopModelAdmin,
@@ -48,7 +55,41 @@ from .charts import bar_chart
 from .loops import STATE_COUNT_CAP
 from .operating import failure_history, last_failure_note
 
-__all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "tube_overview"]
+__all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "TubeUseFilter", "tube_overview"]
+
+
+def _django_tasks_note(tube_name: str, short: bool = False) -> str:
+    """Say that a tube is a Django Tasks queue's (``""``: a tube of the user's own); ``short``
+    for the list of tube tasks, whose columns must fit 1280 px."""
+    queue = django_tasks_queue(tube_name)
+    if queue is None:
+        return ""
+    if short:
+        return format_html(' <small class="tl-why">{}</small>', _("Django Tasks"))
+    keyed = tube_name.startswith(TASKS_TUBE_PREFIXES[1])
+    what = _("keyed tasks of Django Tasks queue") if keyed else _("Django Tasks queue")
+    return format_html(' <small class="tl-why">{} {}</small>', what, queue)
+
+
+class TubeUseFilter(admin.SimpleListFilter):
+    """Tubes of one's own, or those that hold a Django Tasks queue (the backend's, internal)."""
+
+    title = _("used by")
+    parameter_name = "used_by"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("own", _("your own tubes")), ("django_tasks", _("Django Tasks (internal)"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() not in ("own", "django_tasks"):
+            return queryset
+        internal = Q()
+        for prefix in TASKS_TUBE_PREFIXES:
+            internal |= Q(name__startswith=prefix)
+        if queryset.model is not Tube:
+            # Tasks: by their tubes' ids (tubes are few; a join would be planned first).
+            internal = Q(tube_id__in=list(Tube.objects.filter(internal).values_list("pk", flat=True)))
+        return queryset.exclude(internal) if self.value() == "own" else queryset.filter(internal)
 
 
 class TaskStateFilter(admin.SimpleListFilter):
@@ -136,6 +177,7 @@ class TaskAdmin(TaskloopModelAdmin):
     list_filter = (
         TaskStateFilter,
         "tube",
+        TubeUseFilter,
         ("pri", PriorityRangeFilter),
         ("created", DateTimeRangeFilterBuilder(title=_("created"))),
         ("event_at", EventRangeFilter),
@@ -210,7 +252,8 @@ class TaskAdmin(TaskloopModelAdmin):
     @admin.display(description=_("tube"))
     def tube_name(self, obj: Task) -> str:
         # The name alone ("emails", not "emails (fifottl)"): the type is on the tube's page.
-        return names_of(Tube, obj.tube_id).rsplit(" (", 1)[0]
+        name = names_of(Tube, obj.tube_id).rsplit(" (", 1)[0]
+        return format_html("{}{}", name, _django_tasks_note(name, short=True))
 
     @admin.display(description=_("next event"))
     def deadline(self, obj: Task) -> str:
@@ -226,7 +269,27 @@ class TaskAdmin(TaskloopModelAdmin):
 
     @admin.display(description=_("data"))
     def data_preview(self, obj: Task) -> str:
+        result_id = self._result_id(obj)
+        if result_id is not None:
+            # The call and its outcome are on the result's page: the data is only a pointer.
+            url = reverse(
+                "admin:django_taskloop_taskrecord_change", args=[result_id], current_app=self.admin_site.name
+            )
+            return format_html(
+                '<a href="{}" title="{} {}">{} {}</a>',
+                url,
+                _("Django task result"),
+                result_id,
+                _("result"),
+                result_id[:8],
+            )
         return Truncator(json.dumps(obj.data, ensure_ascii=False)).chars(40)
+
+    def _result_id(self, obj: Task) -> str | None:
+        """Return the result id of a Django Tasks queue's tube task (``None``: not one)."""
+        if django_tasks_queue(names_of(Tube, obj.tube_id).rsplit(" (", 1)[0]) is None:
+            return None
+        return result_id_of(obj)
 
     def get_paused_note(self, request: HttpRequest) -> str | None:
         pk = request.GET.get("tube__id__exact")
@@ -244,6 +307,11 @@ class TaskAdmin(TaskloopModelAdmin):
 
     @admin.display(description=_("attempts and failures"))
     def failures(self, obj: Task) -> str:
+        result_id = self._result_id(obj)
+        if result_id is not None:
+            # A Django Task's failures are its result's, every attempt (each one a tube task).
+            record = TaskRecord.objects.filter(pk=result_id).first()
+            return failure_history(record, self.admin_site.name) if record is not None else "—"
         return failure_history(obj, self.admin_site.name)
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
@@ -357,11 +425,15 @@ def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
 class TubeAdmin(TaskloopModelAdmin):
     """Tubes, their options and a statistics page each."""
 
-    list_display = ("name", "running", "type", "ttl", "ttr", "pri", "links", "created")
-    list_filter = ("type",)
+    list_display = ("tube_name", "running", "type", "ttl", "ttr", "pri", "links", "created")
+    list_filter = (TubeUseFilter, "type")
     search_fields = ("name",)
     ordering = ("name",)
     actions = ["kick_all", "pause_tubes", "resume_tubes"]
+
+    @admin.display(description=_("name"), ordering="name")
+    def tube_name(self, obj: Tube) -> str:
+        return format_html("{}{}", obj.name, _django_tasks_note(obj.name))
 
     @admin.display(description=_("running"))
     def running(self, obj: Tube) -> str:

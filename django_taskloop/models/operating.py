@@ -39,6 +39,10 @@ _QUEUE_LENGTH = 100
 #: them: this module is below boards and tubes, which record failures and pauses here).
 _TUBE_TASK = "django_taskloop.task"
 _BOARD_JOB = "django_taskloop.job"
+_TASK_RESULT = "django_taskloop.taskrecord"
+#: The tubes of the Django Tasks queue ``q`` are ``tasks.q`` and ``tasks-keyed.q`` (the backend's
+#: ``TUBE_PREFIX`` and ``KEYED_TUBE_PREFIX``; :mod:`django_taskloop.stats` shows them by ``q``).
+TASKS_TUBE_PREFIXES: tuple[str, ...] = ("tasks.", "tasks-keyed.")
 
 
 def _clean(text: str, limit: int | None = None) -> str:
@@ -91,9 +95,15 @@ class FailureManager(models.Manager["Failure"]):
         )
 
     def for_item(self, obj: Any) -> models.QuerySet[Failure]:
-        """Return the failures of a tube ``Task``, a board ``Job`` or ``(LoopModel, id)``, newest first."""
+        """Return the failures of a tube ``Task``, a board ``Job``, ``(LoopModel, id)`` or a
+        Django Task's result (a ``TaskRecord``: every attempt, in either of its queue's
+        tubes), newest first."""
         label = obj._meta.label_lower if isinstance(obj, models.Model) else None
-        if label == _TUBE_TASK:
+        if label == _TASK_RESULT:
+            queues = [prefix + obj.queue_name for prefix in TASKS_TUBE_PREFIXES]
+            where = {"kind": "task", "queue__in": queues, "item": str(obj.pk)}
+            using = obj._state.db or "default"
+        elif label == _TUBE_TASK:
             where = {"kind": "task", "queue": obj.tube.name, "item": str(obj.pk)}
             using = obj._state.db or "default"
         elif label == _BOARD_JOB:
@@ -104,7 +114,7 @@ class FailureManager(models.Manager["Failure"]):
             where = {"kind": "loop", "queue": model._meta.label_lower, "item": str(item_id)}
             using = "default"
         else:
-            raise TypeError(f"for_item() takes a Task, a Job or (LoopModel, id), not {obj!r}")
+            raise TypeError(f"for_item() takes a Task, a Job, (LoopModel, id) or a TaskRecord, not {obj!r}")
         return self.using(using).filter(**where).order_by("-at", "-pk")
 
     def prune(self, using: str = "default") -> int:
@@ -119,7 +129,8 @@ class Failure(models.Model):
     kind = models.CharField(max_length=4, choices=[(k, k) for k in KINDS])
     #: The tube's name, the board's name or the loop's model label.
     queue = models.CharField(max_length=_QUEUE_LENGTH)
-    #: The task id, the job's uuid or the loop id, as text.
+    #: The task id, the job's uuid or the loop id, as text; a Django Task's result id (its
+    #: attempts are one item, whichever tube task brought each).
     item = models.CharField(max_length=255)
     attempt = models.PositiveIntegerField()
     worker = models.CharField(max_length=255)

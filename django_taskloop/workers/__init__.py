@@ -87,6 +87,17 @@ class Handler:
     #: every handler of a queue by the queue's Django name.
     queue: str | None = None
 
+    @property
+    def title(self) -> str:
+        """Name what it serves for people: its name, or a Django Tasks queue's Django name,
+        ``default (Django Tasks)`` (shared by the queue's plain and keyed handlers)."""
+        return f"{self.queue} (Django Tasks)" if self.queue is not None else self.name
+
+    @property
+    def described(self) -> str:
+        """Name what it serves in a sentence: ``tube emails``, ``Django Tasks queue default``."""
+        return f"Django Tasks queue {self.queue}" if self.queue is not None else f"{self.kind} {self.name}"
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The decorated name stays callable as the plain function.
         return self.func(*args, **kwargs)
@@ -256,6 +267,15 @@ def _named(asked: str, handlers: dict[str, Handler]) -> list[str]:
     return [name for name, handler in handlers.items() if handler.queue == asked] or [asked]
 
 
+def _known(handlers: dict[str, Handler]) -> str:
+    """Say which names ``--only`` knows: the handlers', then the Django Tasks queues' (their
+    internal tubes work too, but are no Tasks user's business)."""
+    own = sorted(name for name, handler in handlers.items() if handler.queue is None)
+    queues = sorted({handler.queue for handler in handlers.values() if handler.queue is not None})
+    known = f"known: {own}"
+    return f"{known}; Django Tasks queues: {queues}" if queues else known
+
+
 def get_handlers(only: Iterable[str] | None = None) -> list[Handler]:
     """Return the handlers to run: every registered one (and the Tasks backend's queues), or
     those named in ``only``; an unknown name raises ``ValueError``."""
@@ -268,7 +288,6 @@ def get_handlers(only: Iterable[str] | None = None) -> list[Handler]:
         wanted = list(dict.fromkeys(name for asked in only for name in _named(asked, handlers)))
         unknown = [name for name in wanted if name not in handlers]
         if unknown:
-            queues = {handler.queue for handler in handlers.values() if handler.queue}
-            raise ValueError(f"unknown handler(s) {unknown}; known: {sorted({*handlers, *queues})}")
+            raise ValueError(f"unknown handler(s) {unknown}; {_known(handlers)}")
         return [handlers[name] for name in wanted]
     return list(handlers.values())

@@ -13,8 +13,11 @@ import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from django.db import DatabaseError
+
+from ..backends import result_id_of, task_path_of
 from ..conf import setting
-from ..models import Consumer, JobBoard, Tube
+from ..models import Consumer, JobBoard, TaskRecord, Tube
 from ..models.operating import is_paused
 from . import Handler
 from .runtime import backoff, run_interruptibly
@@ -64,6 +67,16 @@ class Driver(Generic[Item]):
     def describe(self, item: Item) -> str:
         """Name one item, for log lines: ``task 10 of tube "emails"``."""
         return f"{self.noun} {self.key(item)} of {self.describe_queue()}"
+
+    def describe_fully(self, item: Item) -> str:
+        """Name one item in full, for the lines of a failure and of ``-v 2``: :meth:`describe`,
+        plus what it may have to read (the hot path's lines read nothing)."""
+        return self.describe(item)
+
+    def failure_item(self, item: Item) -> str:
+        """Return what a Failure row names the item by: its key (a Django Task: its result id,
+        so that the attempts of one result are one item)."""
+        return str(self.key(item))
 
     #: What one item is called in log lines.
     noun = "item"
@@ -240,6 +253,37 @@ class TubeDriver(Driver["Task"]):
     def key(self, item: Task) -> int:
         return item.id
 
+    # A Django Tasks queue's tube (handler.queue set) is named by the queue's Django name, and
+    # its tasks by their result id and task path: the tube and its task ids are internal.
+
+    def describe_queue(self) -> str:
+        if self.handler.queue is not None:
+            return f'Django Tasks queue "{self.handler.queue}"'
+        return super().describe_queue()
+
+    def describe(self, item: Task, path: str | None = None) -> str:
+        result_id = result_id_of(item) if self.handler.queue is not None else None
+        if result_id is None:
+            return super().describe(item)
+        path = path or task_path_of(item)
+        named = f"{result_id} ({path})" if path else result_id
+        return f'Django task {named} of queue "{self.handler.queue}"'
+
+    def describe_fully(self, item: Task) -> str:
+        result_id = result_id_of(item) if self.handler.queue is not None else None
+        if result_id is None or task_path_of(item):
+            return self.describe(item)
+        # A task enqueued before its tube task carried the path: one read (failures, -v 2 only).
+        try:
+            path = TaskRecord.objects.filter(pk=result_id).values_list("task_path", flat=True).first()
+        except DatabaseError:
+            path = None  # a log line is no reason to fail: the result id alone, then
+        return self.describe(item, path)
+
+    def failure_item(self, item: Task) -> str:
+        result_id = result_id_of(item) if self.handler.queue is not None else None
+        return result_id if result_id is not None else str(item.id)
+
     def done(self, items: Sequence[Task]) -> None:
         self._acked(items, self.tube.ack_many([task.id for task in items], consumer=self.identity))
 
@@ -254,8 +298,8 @@ class TubeDriver(Driver["Task"]):
             # The lease ran out under the handler (ttr passed without a beat, or this
             # consumer was taken for dead): those tasks are back in the queue and will run again.
             logger.warning(
-                "tube %s: %d of %d finished tasks had lost their lease",
-                self.tube.name,
+                "%s: %d of %d finished tasks had lost their lease",
+                self.describe_queue(),
                 len(ids) - acked,
                 len(ids),
             )

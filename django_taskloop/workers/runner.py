@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import signal
 import socket
 import sys
@@ -445,8 +446,10 @@ class Worker:
         with at once; success waits for the batch's acknowledgement)."""
         driver = batch.driver
         batch.started += 1
-        if batch.trace:
-            logger.debug("%s: started", driver.describe(item))
+        # -v 2: named in full (a Django Task by its result id and task path) as it starts and ends.
+        name = driver.describe_fully(item) if batch.trace else ""
+        if name:
+            logger.debug("%s: started", name)
         try:
             driver.call(item)
         except StopNow:
@@ -459,8 +462,8 @@ class Worker:
             batch.finished.append(item)
             batch.settled.add(driver.key(item))
             batch.done += 1
-            if batch.trace:
-                logger.debug("%s: done", driver.describe(item))
+            if name:
+                logger.debug("%s: done", name)
 
     def _failed_for_good(self, batch: Batch, item: Any, error: FailedForGood) -> None:
         """Nothing to retry (the Django Tasks backend recorded it as FAILED): settled like a
@@ -471,7 +474,14 @@ class Worker:
         batch.failed += 1
         cause = error.__cause__ or error
         self._record_failure(driver, item, driver.attempt(item), cause)
-        logger.warning("%s failed: %s: %s", driver.describe(item), type(cause).__name__, cause)
+        logger.warning(
+            "%s failed%s: %s: %s",
+            driver.describe_fully(item),
+            _outcome(error),
+            type(cause).__name__,
+            cause,
+            exc_info=cause if batch.trace else None,
+        )
 
     def _failed(self, batch: Batch, item: Any, error: Exception) -> None:
         """Record a handler's failure and let the facade retry the item (or bury, trash it).
@@ -490,7 +500,7 @@ class Worker:
         batch.failed += 1
         logger.warning(
             "%s failed %s: %s: %s",
-            driver.describe(item),
+            driver.describe_fully(item),
             outcome,
             type(error).__name__,
             error,
@@ -692,7 +702,7 @@ class Worker:
             Failure.objects.record(
                 kind=driver.queue_kind,
                 queue=driver.queue,
-                item=driver.key(item),
+                item=driver.failure_item(item),
                 attempt=attempt,
                 worker=self.identity,
                 error=error,
@@ -821,7 +831,7 @@ class Worker:
                 driver.beat()
             except Exception:
                 # A missed beat is not fatal: the next one, or the lease, covers it.
-                logger.exception("heartbeat of %s %s failed", driver.handler.kind, driver.handler.name)
+                logger.exception("heartbeat of %s failed", driver.describe_queue())
 
     def _say_goodbye(self) -> None:
         """Remove this worker's process row (the dashboard's list of live workers)."""
@@ -841,11 +851,18 @@ class Worker:
             return schedules.REFRESH
 
     def log_summary(self, elapsed: float) -> None:
-        for name, tally in self.tallies.items():
+        """Log one line per queue: a Django Tasks queue's plain and keyed handlers are one."""
+        merged: dict[str, Tally] = {}
+        for driver in self.drivers:
+            tally = self.tallies[driver.handler.name]
+            into = merged.setdefault(driver.handler.title, Tally())
+            for field in ("batches", "done", "failed", "given_back", "seconds"):
+                setattr(into, field, getattr(into, field) + getattr(tally, field))
+        for title, tally in merged.items():
             rate = tally.done / elapsed if elapsed > 0 else 0.0
             logger.info(
                 "summary %s: %d done, %d failed, %d given back in %d batches; %.1f s, %.0f/s",
-                name,
+                title,
                 tally.done,
                 tally.failed,
                 tally.given_back,
@@ -853,6 +870,17 @@ class Worker:
                 elapsed,
                 rate,
             )
+
+
+def _outcome(error: FailedForGood) -> str:
+    """Return what became of an item that failed for good, as its log line says it after
+    "failed": `` (attempt 1 of 3), retrying in 4 s`` (the Django Tasks backend's words), or
+    ``""`` when the message says no more than that it failed."""
+    said = getattr(error, "outcome", None)
+    if isinstance(said, str):
+        return f" {said}"
+    found = re.search(r" failed( \(attempt .*)$", str(error))
+    return found.group(1) if found else ""
 
 
 def _count(n: int, noun: str) -> str:
@@ -906,7 +934,8 @@ def run_workers(
         "starting %d worker process(es)%s for: %s",
         processes,
         " (burst)" if burst else "",
-        ", ".join(f"{h.kind} {h.name}" for h in handlers),
+        # A Django Tasks queue once, by its Django name (its plain and keyed handlers).
+        ", ".join(dict.fromkeys(handler.described for handler in handlers)),
     )
     if processes == 1:
         return Worker(handlers, burst=burst, schedule=schedule).run()

@@ -119,6 +119,8 @@ class Task(models.Model):
     class Meta:
         app_label = "django_taskloop"
         db_table = "taskloop_task"
+        # Not "Tasks": beside "Django task results" in the admin, a tube's task says what it is.
+        verbose_name = "tube task"
         indexes = [
             # The claim order of every driver: (pri, id) for fifottl/utubettl, and id for
             # fifo/utube whose tasks all have pri 0; also kick's order.
