@@ -66,6 +66,7 @@ __all__ = [
     "result_id_of",
     "task_path_of",
     "waiting_results",
+    "short_result_id",
 ]
 
 logger = logging.getLogger("django_taskloop.tasks")
@@ -868,6 +869,14 @@ def waiting_results(limit: int = 20, result_id: str | None = None) -> tuple[int,
     queued = queued.exclude(data__has_key="result")
     records = [_waiting(t, t.data) for t in queued.order_by("-pk")[:limit] if isinstance(t.data, dict)]
     return queued.count(), records
+
+
+def short_result_id(result_id: str) -> str:
+    """Return ``result_id`` shortened for lists and log lines: ``"4017-9f2c"`` of a one-row
+    enqueue's ``"4017-9f2c1a0b3c4d"`` (its tube task id and the secret's first 4 digits), the
+    first 8 digits of a 32-digit id."""
+    pk, dash, secret = result_id.partition("-")
+    return f"{pk}-{secret[:4]}" if dash else result_id[:8]
 
 
 def result_id_of(task: TubeTask) -> str | None:

@@ -9,6 +9,7 @@ import pytest
 from django.urls import reverse
 
 from django_taskloop import backends
+from django_taskloop.backends import short_result_id
 from django_taskloop.models import Failure, Tube, WorkerProcess
 from django_taskloop.models.operating import record_throughput
 from django_taskloop.stats import (
@@ -123,7 +124,7 @@ def test_tube_lists_label_the_backend_s_tubes_and_can_leave_them_out(boss, queue
     assert "hello" in listed and result_url not in listed
     listed = boss.get(tasks).content.decode()
     # A tube task of the backend points at its result, not at a JSON blob.
-    link = f'<a href="{result_url}" title="Django task result {queued[0].id}">result {queued[0].id[:8]}</a>'
+    link = f'<a href="{result_url}" title="Django task result {queued[0].id}">result {short_result_id(queued[0].id)}</a>'
     assert link in listed
 
 

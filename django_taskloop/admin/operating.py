@@ -20,6 +20,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
+from ..backends import short_result_id
 from ..engine import db_now
 from ..models import Failure, Job, JobBoard, Task, TaskRecord, Tube, WorkerProcess
 from ..reaper import loop_models
@@ -228,7 +229,7 @@ def _result_link(result_id: str, site_name: str) -> str:
     path = TaskRecord.objects.filter(pk=result_id).values_list("task_path", flat=True).first()
     if path is None:  # pruned after RESULT_RETENTION
         return format_html(
-            '<small>{}</small> <span title="{}">{}</span>', _("result"), result_id, result_id[:8]
+            '<small>{}</small> <span title="{}">{}</span>', _("result"), result_id, short_result_id(result_id)
         )
     url = reverse("admin:django_taskloop_taskrecord_change", args=[result_id], current_app=site_name)
     return format_html(
@@ -238,7 +239,7 @@ def _result_link(result_id: str, site_name: str) -> str:
         result_id,
         path.rsplit(".", 1)[-1],
         _("result"),
-        result_id[:8],
+        short_result_id(result_id),
     )
 
 

@@ -21,7 +21,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
-from ..backends import taskloop_backend, taskloop_backends, waiting_results
+from ..backends import short_result_id, taskloop_backend, taskloop_backends, waiting_results
 from ..conf import setting
 from ..models import TaskRecord, TaskRecordStatus
 from .base import TaskloopAdminMixin, humanize_seconds, state_badge
@@ -149,7 +149,7 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("id"))
     def short_id(self, obj: TaskRecord) -> str:
-        return obj.id if "-" in obj.id else obj.id[:8]
+        return short_result_id(obj.id)
 
     @admin.display(description=_("task"))
     def task_name(self, obj: TaskRecord) -> str:
@@ -232,7 +232,7 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
                 taskloop_backend(record.backend).retry(record.id)
                 retried += 1
             except Exception as error:  # refusals become messages; nothing else changes
-                refused.append(f"{record.id[:8]}: {error}")
+                refused.append(f"{short_result_id(record.id)}: {error}")
         if retried:
             self.message_user(request, f"Retried {retried} task(s).", messages.SUCCESS)
         for reason in refused:

@@ -25,7 +25,7 @@ from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder, NumericRangeFilterBuilder
 
 from .. import engine
-from ..backends import result_id_of
+from ..backends import result_id_of, short_result_id
 from ..models import TaskRecord
 from ..models.tubes import (
     BURIED,
@@ -281,7 +281,7 @@ class TaskAdmin(TaskloopModelAdmin):
                 _("Django task result"),
                 result_id,
                 _("result"),
-                result_id[:8],
+                short_result_id(result_id),
             )
         return Truncator(json.dumps(obj.data, ensure_ascii=False)).chars(40)
 
