@@ -49,8 +49,8 @@ from .exceptions import NotFound
 from .models import Task as TubeTask
 from .models import TaskRecord, TaskRecordStatus, Tube
 from .models.tubes import DELAYED, READY
-from .task_options import TaskloopTask, check_ttr, task_key
-from .validation import check_handler, check_name
+from .task_options import TaskloopTask, check_ttr, function_path, task_key
+from .validation import check_handler, check_name, check_seconds
 from .workers import Handler
 from .workers.runtime import FailedForGood, StopNow, backoff, run_interruptibly
 
@@ -230,13 +230,14 @@ if TASKS_AVAILABLE:
             """
             key, options = _call_options(task, call["args"], call["kwargs"])
             record = _record_of(call, options, task.priority)
-            record.enqueued_at = engine.DbNow()
             data: dict[str, Any] = {"result": record.id, "task": call["task"]}
             if options:
                 data["options"] = options
             unique_on = task.unique_on
 
             def enqueue_now() -> Any:
+                # Enqueued now (at the caller's commit, for enqueue_on_commit).
+                record.enqueued_at = engine.DbNow()
                 return self._insert_with_options(record, task, using, data, key, unique_on)
 
             if task.enqueue_on_commit and connections[using].in_atomic_block:
@@ -556,8 +557,10 @@ if TASKS_AVAILABLE:
             One transaction: the record and a new tube task (``put`` with ``delay``) in its
             queue's tube (its key's sub-queue for a keyed task). Returns the delay.
             """
-            if "backoff" in options:
-                delay = float(options["backoff"])
+            if "backoff_path" in options:
+                delay = check_seconds(import_string(options["backoff_path"])(attempt), "backoff(attempt)", non_negative=True) or 0.0
+            elif "backoff" in options:
+                delay = backoff(attempt) if options["backoff"] is None else float(options["backoff"])
             elif isinstance(task, TaskloopTask):
                 delay = task.retry_delay(attempt)
             else:  # the definition lost its options since: the worker's backoff
@@ -684,12 +687,32 @@ def _call_options(task: Any, args: Any, kwargs: Any) -> tuple[str | None, dict[s
     options: dict[str, Any] = {}
     if task.max_attempts != 1:
         options["max_attempts"] = task.max_attempts  # absent: 1 (see _failed)
-    if task.backoff is not None and not callable(task.backoff):
-        options["backoff"] = task.backoff
+    options.update(_backoff_option(task))
     for name, value in (("ttl", task.ttl), ("ttr", task.ttr), ("key", key)):
         if value is not None:
             options[name] = value
     return key, options
+
+
+def _backoff_option(task: Any) -> dict[str, Any]:
+    """Return how the worker finds ``task``'s backoff: a number as is, ``None`` for the worker's
+    own (given per call over a definition's), a function given per call by its path; nothing
+    where the definition's holds (the worker reads it there)."""
+    given = task.backoff
+    if given is not None and not callable(given):
+        return {"backoff": given}
+    try:
+        defined = getattr(import_string(task.module_path), "backoff", None)
+    except ImportError:
+        defined = object()  # no definition to fall back on
+    if given is defined:
+        return {}
+    if given is None:
+        return {"backoff": None}
+    path = function_path(given)
+    if path is None:  # (using() refuses these; a task_class of one's own might not)
+        raise ValueError(f"backoff {given!r} cannot reach the worker: give a module-level function")
+    return {"backoff_path": path}
 
 
 def _task_ttr(task: Any) -> float | None:

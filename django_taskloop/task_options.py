@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from django.utils.module_loading import import_string
+
 from .compat import TASKS_AVAILABLE, Task, framework_task
 from .conf import setting
 from .validation import check_seconds
@@ -98,6 +100,16 @@ def task(function: Any = None, **options: Any) -> Any:
     return wrapper(function) if function is not None else wrapper
 
 
+def function_path(function: Any) -> str | None:
+    """Return the dotted path that imports ``function`` back (None: a lambda, a nested or
+    bound function, anything not reachable by name)."""
+    path = f"{getattr(function, '__module__', '')}.{getattr(function, '__qualname__', '')}"
+    try:
+        return path if import_string(path) is function else None
+    except ImportError:
+        return None
+
+
 def task_key(task: Any, args: Any, kwargs: Any) -> str | None:
     """Return the key of one call of ``task``: its ``key``, or what its callable key returns."""
     key = getattr(task, "key", None)
@@ -159,6 +171,12 @@ if TASKS_AVAILABLE:
             """Return a copy with other defaults: Django's ``priority``, ``queue_name``,
             ``run_after``, ``backend``, and this backend's options."""
             ours = {name: changes.pop(name) for name in OPTION_NAMES if name in changes}
+            if callable(ours.get("backoff")) and function_path(ours["backoff"]) is None:
+                # A call's options travel with it to the worker as data: a function by its path.
+                raise ValueError(
+                    "a backoff given to using() must be a number, None or a module-level "
+                    f"function (the worker imports it by name), not {ours['backoff']!r}"
+                )
             task = Task.using(self, **changes)
             return replace(task, **ours) if ours else task
 

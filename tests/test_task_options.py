@@ -572,3 +572,17 @@ def test_a_taskloop_py_refused_by_django_6_0_is_an_improperly_configured(monkeyp
     monkeypatch.setattr(workers, "explain_refused_options", lambda error: "Django 6.0.10's @task ...")
     with pytest.raises(ImproperlyConfigured, match="Django 6.0.10's @task"):
         workers.autodiscover()
+
+
+@pytest.mark.django_db
+def test_a_per_call_backoff_that_cannot_reach_the_worker_is_refused_at_using():
+    """A call's options travel to the worker as data: a lambda or nested function cannot."""
+    with pytest.raises(ValueError, match="module-level function"):
+        t.step.using(backoff=lambda attempt: 1)
+
+    def nested(attempt):
+        return 1
+
+    with pytest.raises(ValueError, match="module-level function"):
+        t.step.using(backoff=nested)
+    assert not Task.objects.exists() and not TaskRecord.objects.exists()

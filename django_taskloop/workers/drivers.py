@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -212,6 +213,8 @@ class TubeDriver(Driver["Task"]):
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
         self._tube: Tube | None = None
+        #: When the leases were last renewed (monotonic): the next renewal adds the time since.
+        self._renewed_at: float | None = None
 
     @property
     def tube(self) -> Tube:
@@ -326,15 +329,21 @@ class TubeDriver(Driver["Task"]):
     def renew(self, items: Sequence[Task]) -> None:
         # Only the ttl types have a ttr deadline to push; fifo/utube tasks stay taken as long
         # as their consumer beats (touch there is a TubeError).
+        now = time.monotonic()
+        since, self._renewed_at = self._renewed_at, now
         if not self._ttl_type():
             return
-        # touch() adds its increment to the deadline: adding the time between two beats at
-        # each beat keeps the deadline as far ahead as the claim put it, no further, so a
-        # task of a worker that dies comes back a ttr after its last beat. A task with no ttr
-        # and no ttl has no deadline to push. One statement for them all; tasks acked or
-        # released by the main thread a moment ago are skipped.
+        # touch() adds its increment to the deadline: adding the time that passed since the
+        # last renewal keeps the deadline as far ahead as the claim put it (a task claimed
+        # since gains at most one beat), no further, so a task of a worker that dies comes
+        # back a ttr after its last beat. Not the beat's nominal interval: beats come a little
+        # later than due, and a lease renewed by less than the time that passed shrank at
+        # every beat until a healthy worker lost a long task. A task with no ttr and no ttl
+        # has no deadline to push. One statement for them all; tasks acked or released by the
+        # main thread a moment ago are skipped.
+        elapsed = self.beat_every if since is None else max(self.beat_every, now - since)
         timed = [task.id for task in items if task.event_at is not None or task.ttl_at is not None]
-        self.tube.touch_many(timed, self.beat_every, consumer=self.identity)
+        self.tube.touch_many(timed, elapsed, consumer=self.identity)
 
     def beat(self) -> None:
         # A consumer that stops beating for CONSUMER_TIMEOUT is dead: its tasks go back.
