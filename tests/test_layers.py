@@ -31,6 +31,8 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
     (3, ("stats", "reaper")),
     (4, ("workers", "backends", "schedules")),
     (5, ("admin", "metrics", "management", "checks", "templatetags", "urls", "apps", "views")),
+    # The test helpers (django_taskloop.testing, its pytest plugin): edges, on the Tasks backend.
+    (5, ("testing", "pytest_plugin")),
 ]
 #: The package's own ``__init__`` (lazy ``__getattr__`` over the models) is on the models' floor.
 TOP = {"": 2}
