@@ -109,23 +109,26 @@ def run_queued(
     keys held by a running task are honoured as a worker honours them. More than ``limit``
     runs raise :class:`RunawayTasks`, with the rest left queued.
     """
+    queues = _queues(queue_name, backend, include_delayed, limit)
+    if getattr(_local, "drain", None) is not None:
+        raise TaskloopError("run_queued() was called from a task that run_queued() is running")
+    return _Drain(queues, include_delayed, limit).run()
+
+
+def _queues(queue_name: str | None, backend: str, include_delayed: bool, limit: int) -> set[str]:
+    """Check :func:`run_queued`'s arguments; return the names of the queues to run."""
     check_count(limit, "limit", minimum=1)
     if not isinstance(include_delayed, bool):
         raise TypeError(f"include_delayed must be a bool, not {type(include_delayed).__name__}")
     chosen = taskloop_backend(backend)
     if queue_name is None:
-        queues = set(chosen.queues)
-    elif queue_name in chosen.queues:
-        queues = {queue_name}
-    else:
+        return set(chosen.queues)
+    if queue_name not in chosen.queues:
         raise ValueError(
             f"queue_name {queue_name!r} is not one of TASKS[{backend!r}]['QUEUES'] "
             f"({', '.join(sorted(chosen.queues))})"
         )
-    active = getattr(_local, "drain", None)
-    if active is not None:
-        raise TaskloopError("run_queued() was called from a task that run_queued() is running")
-    return _Drain(queues, include_delayed, limit).run()
+    return {queue_name}
 
 
 @contextmanager
@@ -143,6 +146,7 @@ def commit_and_run_queued(
     Inside a ``TestCase`` (whose transaction never commits) this is the request that commits
     and the worker that runs what it queued, in one ``with``.
     """
+    _queues(queue_name, backend, include_delayed, limit)  # a bad argument: before the block runs
     ran = Ran()
     with TestCase.captureOnCommitCallbacks(using=using, execute=True):
         yield ran

@@ -214,6 +214,8 @@ LAZY_IMPORTS = {
     "no circle: checks is on the top floor",
     ("checks", "conf"): "not moved yet (as above)",
     ("checks", "schedules"): "not moved yet (as above)",
+    ("pytest_plugin", "testing"): "fixtures: pytest imports the plugin (a conftest's "
+    "pytest_plugins) before pytest-django has set Django up, and testing imports the models",
 }
 
 

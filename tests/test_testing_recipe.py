@@ -11,6 +11,7 @@ import logging
 import time
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection, transaction
 from django.test import TestCase, override_settings
 from django.utils import timezone
@@ -88,6 +89,10 @@ def test_run_queued_refuses_bad_arguments_clearly():
     with override_settings(TASKS={"default": {"BACKEND": dummy}}):
         with pytest.raises(TypeError, match="not a TaskloopBackend"):
             run_queued()
+    with pytest.raises(ValueError, match="queue_name 'nope'"):
+        with commit_and_run_queued("nope"):
+            t.record.enqueue("never")  # refused before the block runs
+    assert logged() == [] and run_queued() == 0
 
 
 @pytest.mark.django_db
@@ -365,6 +370,15 @@ def test_immediate_runaway_stops_at_its_limit():
         with pytest.raises(RunawayTasks, match="ran 3 tasks"):
             t.forever.enqueue(0)
     assert logged() == ["forever:0", "forever:1", "forever:2"]
+
+
+def test_immediate_refuses_a_bad_limit():
+    bad = {"default": {"BACKEND": "django_taskloop.testing.ImmediateBackend", "OPTIONS": {"LIMIT": 0}}}
+    with override_settings(TASKS=bad):
+        with pytest.raises(
+            ImproperlyConfigured, match=r"TASKS\['default'\]\['OPTIONS'\]: LIMIT must be >= 1"
+        ):
+            task_backends["default"]
 
 
 def test_immediate_refuses_what_it_cannot_switch(settings):
