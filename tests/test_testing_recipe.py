@@ -316,11 +316,7 @@ def test_immediate_key_order_and_ttl_behind_a_held_key(taskloop_immediate):
     holder = t.holds_the_slot.enqueue("h", 0.4)  # its keyed follower (ttl 0.2 s) waits 0.4 s
     assert holder.status == "SUCCESSFUL"
     assert "h-late" not in logged()
-    late = t.expires_behind_its_key
-    from django_taskloop.models import TaskRecord
-
-    (late_id,) = TaskRecord.objects.filter(task_path=late.module_path).values_list("pk", flat=True)
-    expired = late.get_result(str(late_id))
+    expired = t.expires_behind_its_key.get_result(holder.return_value)
     assert expired.status == "FAILED"
     assert [e.exception_class_path for e in expired.errors] == ["django_taskloop.exceptions.TaskExpired"]
 

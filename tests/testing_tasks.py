@@ -103,12 +103,13 @@ def expires_behind_its_key(name: str) -> str:
 
 @task(key="slot")
 def holds_the_slot(name: str, wait: float) -> str:
-    """Enqueues a keyed task with a short ttl, then holds the key longer than that ttl."""
+    """Enqueues a keyed task with a short ttl, then holds the key longer than that ttl;
+    returns the keyed task's result id."""
     log(name, "start")
-    expires_behind_its_key.enqueue(f"{name}-late")
+    late = expires_behind_its_key.enqueue(f"{name}-late")
     time.sleep(wait)
     log(name)
-    return name
+    return str(late.id)
 
 
 @task(ttl=0.2)
