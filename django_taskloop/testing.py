@@ -194,7 +194,8 @@ if TASKS_AVAILABLE:
         task inside a transaction runs when that transaction commits (in a ``TestCase``:
         ``captureOnCommitCallbacks(execute=True)`` or :func:`commit_and_run_queued`). A task
         that a running task enqueues runs right after it, not inside it (as a worker would
-        take it next), and its ``enqueue()`` returns it READY. ``OPTIONS["LIMIT"]`` (default
+        take it next), and its ``enqueue()`` returns it READY. ``retry()`` runs the task again
+        at once too. ``OPTIONS["LIMIT"]`` (default
         :data:`LIMIT`): the most tasks one enqueue runs before :class:`RunawayTasks`.
         """
 
@@ -220,6 +221,12 @@ if TASKS_AVAILABLE:
             if self.run_ready():
                 return self.get_result(result.id)
             return result
+
+        def retry(self, result_id: str) -> Any:
+            """Run the FAILED task ``result_id`` once more, now (see ``TaskloopBackend.retry``);
+            return its result as it then is."""
+            result = super().retry(result_id)
+            return self.get_result(result.id) if self.run_ready() else result
 
         def run_ready(self) -> bool:
             """Run what is ready in this backend's queues; return False if a drain running in

@@ -63,6 +63,12 @@ def test_run_queued_runs_what_is_queued_and_says_how_many():
     assert run_queued() == 0
 
 
+def test_the_plugin_s_fixture_brings_database_access(taskloop_run_queued):
+    # No django_db mark: the fixture asks for pytest-django's db itself.
+    result = t.record.enqueue("fixture")
+    assert taskloop_run_queued() == 1 and status(result) == "SUCCESSFUL"
+
+
 @pytest.mark.django_db
 def test_run_queued_runs_one_queue_when_named():
     plain, slow = t.record.enqueue("plain"), t.record_slow.enqueue("slow")
@@ -289,6 +295,8 @@ def test_immediate_max_attempts_run_at_once_with_their_backoff_skipped(taskloop_
     assert failed.status == "FAILED" and len(failed.errors) == 2
     callable_backoff = t.fails_with_callable_backoff.enqueue("c")
     assert callable_backoff.status == "FAILED" and callable_backoff.attempts == 2
+    again = task_backends["default"].retry(failed.id)  # the admin's Retry: one more attempt, now
+    assert again.id == failed.id and again.status == "FAILED" and len(again.errors) == 3
 
 
 @pytest.mark.django_db
