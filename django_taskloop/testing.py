@@ -271,6 +271,8 @@ class _Drain:
                 known.add(handler.name)
 
     def run(self) -> int:
+        """Run until nothing is ready (with ``include_delayed``: nor delayed); return how many
+        ran. Meanwhile an enqueue in immediate mode in this thread joins this drain."""
         _local.drain = self
         try:
             while True:
