@@ -244,21 +244,11 @@ def test_a_database_error_in_a_task_leaves_the_tests_transaction_usable():
         run_queued()  # the given-back task comes first, and fails the same way
 
 
-def _sqlite() -> bool:
-    from django.conf import settings
-
-    return "sqlite" in settings.DATABASES["default"]["ENGINE"]
-
-
-@pytest.mark.xfail(
-    condition=_sqlite(),
-    strict=True,
-    reason="backends._tube caches a queue's tube by id across a rollback; SQLite reuses a "
-    "rolled-back id, so the queue's next task lands in another queue's tube (a fix for "
-    "backends.py, reported to the lead)",
-)
 @pytest.mark.django_db
 def test_a_queue_s_tasks_stay_in_its_tube_after_a_rollback():
+    """A TestCase rolls back after each test: the backend's tube cache must not outlive that
+    (SQLite reuses a rolled-back id; this put the queue's next task into another queue's tube
+    before d8b4285)."""
     from django_taskloop.models import Tube
 
     for name in ("tasks.default", "tasks.slow"):
