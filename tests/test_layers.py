@@ -31,6 +31,8 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
     (3, ("stats", "reaper")),
     (4, ("workers", "backends", "schedules")),
     (5, ("admin", "metrics", "management", "checks", "templatetags", "urls", "apps", "views")),
+    # The test helpers (django_taskloop.testing, its pytest plugin): edges, on the Tasks backend.
+    (5, ("testing", "pytest_plugin")),
 ]
 #: The package's own ``__init__`` (lazy ``__getattr__`` over the models) is on the models' floor.
 TOP = {"": 2}
@@ -212,6 +214,8 @@ LAZY_IMPORTS = {
     "no circle: checks is on the top floor",
     ("checks", "conf"): "not moved yet (as above)",
     ("checks", "schedules"): "not moved yet (as above)",
+    ("pytest_plugin", "testing"): "fixtures: pytest imports the plugin (a conftest's "
+    "pytest_plugins) before pytest-django has set Django up, and testing imports the models",
 }
 
 

@@ -6,7 +6,8 @@ Each block is preceded by a marker comment that says where it goes, the way a us
 - ``<!-- readme-test: models -->``: the new app's ``models.py``;
 - ``<!-- readme-test: taskloop -->``: the new app's ``taskloop.py``;
 - ``<!-- readme-test: run -->``: run in order, in one ``manage.py shell`` session, after
-  ``makemigrations`` and ``migrate``, with the app's models imported.
+  ``makemigrations`` and ``migrate``, with the app's models imported;
+- ``<!-- readme-test: tests -->``: the new app's ``tests.py``, run by ``manage.py test``.
 
 A Python block without a marker fails the test, so no example goes untested. The project uses
 the suite's database server (``DATABASE_URL``) with a database of its own.
@@ -39,7 +40,9 @@ def test_every_python_block_has_a_place():
     blocks = readme_blocks()
     assert len(blocks) >= 8
     unplaced = [
-        code.splitlines()[0] for kind, code in blocks if kind not in ("settings", "models", "taskloop", "run")
+        code.splitlines()[0]
+        for kind, code in blocks
+        if kind not in ("settings", "models", "taskloop", "run", "tests")
     ]
     assert not unplaced, f"README blocks without a readme-test marker: {unplaced}"
 
@@ -76,7 +79,8 @@ def test_readme_examples_run_as_written_in_a_fresh_project(tmp_path):
     (app / "__init__.py").write_text("")
     (app / "migrations" / "__init__.py").write_text("")
     place = {
-        kind: [code for k, code in blocks if k == kind] for kind in ("settings", "models", "taskloop", "run")
+        kind: [code for k, code in blocks if k == kind]
+        for kind in ("settings", "models", "taskloop", "run", "tests")
     }
     settings_py = textwrap.dedent(
         """
@@ -98,6 +102,7 @@ def test_readme_examples_run_as_written_in_a_fresh_project(tmp_path):
     (project / "settings.py").write_text(settings_py + "\n".join(place["settings"]))
     (app / "models.py").write_text("\n\n".join(place["models"]))
     (app / "taskloop.py").write_text("\n\n".join(place["taskloop"]))
+    (app / "tests.py").write_text("\n\n".join(place["tests"]))
     script = "from readme_app.models import *\n\n" + "\n\n".join(place["run"]) + "\nprint('README OK')\n"
     url, drop = _database_url(tmp_path)
     env = {
@@ -127,6 +132,11 @@ def test_readme_examples_run_as_written_in_a_fresh_project(tmp_path):
         manage("check")
         out = manage("shell", "--no-startup", "-c", script)
         assert "README OK" in out
+        # The testing recipe's TestCase, with Django's own test runner (a test database).
+        tested = manage("test", "readme_app", "--noinput")
+        cases = sum(code.count("def test_") for code in place["tests"])
+        assert cases and f"Ran {cases} test" in tested and "\nOK" in tested, tested
+        assert "locked" not in tested, tested  # nothing printed: no worker met the test's transaction
         # The handlers of the README's taskloop.py are found, by the names the README gives.
         listed = manage(
             "shell",
