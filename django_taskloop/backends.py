@@ -875,11 +875,14 @@ def _run_stored(task: TubeTask) -> None:
     taskloop_backend(str(alias)).execute(result_id, f"{socket.gethostname()}:{os.getpid()}", queued=task)
 
 
-def waiting_results(limit: int = 20, result_id: str | None = None) -> tuple[int, list[TaskRecord]]:
+def waiting_results(
+    limit: int = 20, result_id: str | None = None, cap: int | None = None
+) -> tuple[int, list[TaskRecord]]:
     """Return how many Django Tasks no worker has started yet wait in the queues' tubes (their
     calls carried by their tube tasks: one-row enqueues, not in ``TaskRecord`` until a worker
     starts them), and the newest ``limit`` of them as unsaved records, as ``get_result()``
-    reads them; ``result_id``: only that one."""
+    reads them; ``result_id``: only that one. ``cap``: count no further than that (a page that
+    says "more than" rather than read every waiting row)."""
     using = router.db_for_read(TaskRecord)
     queued = TubeTask.objects.using(using).filter(
         Q(tube__name__startswith=TUBE_PREFIX) | Q(tube__name__startswith=KEYED_TUBE_PREFIX)
@@ -891,7 +894,7 @@ def waiting_results(limit: int = 20, result_id: str | None = None) -> tuple[int,
     # A tube task that points at its record ("result") is listed with the records.
     queued = queued.exclude(data__has_key="result")
     records = [_waiting(t, t.data) for t in queued.order_by("-pk")[:limit] if isinstance(t.data, dict)]
-    return queued.count(), records
+    return (queued.count() if cap is None else queued[:cap].count()), records
 
 
 def short_result_id(result_id: str) -> str:

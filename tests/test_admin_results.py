@@ -147,8 +147,11 @@ def test_expired_task_is_not_ready_in_the_results_list(boss):
     # tube tasks (one-row enqueues).
     Task.objects.filter(pk=int(late.id.split("-")[0])).update(created=db_now() - dt.timedelta(seconds=61))
     page = boss.get(reverse(LIST)).content.decode()
-    assert "2 tasks wait to start" in page
+    assert "Tasks that wait to start: 2" in page
     assert late.id in page and in_time.id in page
+    # Not in the way under another status's filter.
+    failed_only = boss.get(reverse(LIST), {"status__exact": "FAILED"}).content.decode()
+    assert "wait to start" not in failed_only and late.id not in failed_only
     assert page.count("Failed (ttl ran out)") == 1
     assert page.count("Ready") >= 1  # the one still within its ttl (and the filter's choice)
     detail = boss.get(reverse("admin:django_taskloop_taskrecord_change", args=[late.id])).content.decode()

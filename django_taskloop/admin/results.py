@@ -28,6 +28,12 @@ from .base import TaskloopAdminMixin, humanize_seconds, state_badge
 
 __all__ = ["TaskRecordAdmin", "register"]
 
+#: The results list counts the tasks that wait to start up to this many ("more than" beyond).
+WAITING_COUNT_CAP = 10_000
+
+#: How many of the newest tasks that wait to start the results list shows above the results.
+WAITING_SHOWN = 5
+
 #: The colour (admin.css class) of each status: the tubes' colours for the same meaning.
 STATUS_CSS: dict[str, str] = {
     TaskRecordStatus.READY: "ready",
@@ -118,15 +124,20 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         # Tasks no worker has started wait in their queues' tubes, which carry their calls
         # (one-row enqueues): shown above the list, and found by an exact id search.
         searched = request.GET.get("q", "").strip() or None
-        waiting_count, waiting = waiting_results(result_id=searched)
-        if searched is None:
-            waiting_count, waiting = waiting_results()
+        waiting_count, waiting = 0, []
+        if searched is not None:
+            waiting_count, waiting = waiting_results(result_id=searched)
+        elif request.GET.get("status__exact", TaskRecordStatus.READY) == TaskRecordStatus.READY:
+            # (Not under another status's filter, where they would be in the way.)
+            waiting_count, waiting = waiting_results(limit=WAITING_SHOWN, cap=WAITING_COUNT_CAP)
         extra_context = {
             **(extra_context or {}),
             "subtitle": _("Finished results are kept %(time)s, then pruned by manage.py reap_locks.")
             % {"time": humanize_seconds(retention)},
-            "waiting": [(record, self.status_badge(record)) for record in waiting],
-            "waiting_count": waiting_count,
+            "waiting": [(record, short_result_id(record.id), self.status_badge(record)) for record in waiting],
+            "waiting_count": f"{waiting_count:,}",
+            "waiting_more": waiting_count > len(waiting),
+            "waiting_capped": waiting_count >= WAITING_COUNT_CAP,
         }
         return super().changelist_view(request, extra_context)
 
