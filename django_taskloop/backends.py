@@ -210,7 +210,12 @@ if TASKS_AVAILABLE:
                     # checked: Django's Task checked priority and run_after, normalize_json the
                     # arguments, _call_options the options.
                     return tube.put(
-                        call, 100 - task.priority, ttr=_task_ttr(task), utube=key, run_at=task.run_after, checked=True
+                        call,
+                        100 - task.priority,
+                        ttr=_task_ttr(task),
+                        utube=key,
+                        run_at=task.run_after,
+                        checked=True,
                     )
                 except NotFound:
                     # The queue's tube was dropped since this process looked it up: once more,
@@ -558,7 +563,12 @@ if TASKS_AVAILABLE:
             queue's tube (its key's sub-queue for a keyed task). Returns the delay.
             """
             if "backoff_path" in options:
-                delay = check_seconds(import_string(options["backoff_path"])(attempt), "backoff(attempt)", non_negative=True) or 0.0
+                delay = (
+                    check_seconds(
+                        import_string(options["backoff_path"])(attempt), "backoff(attempt)", non_negative=True
+                    )
+                    or 0.0
+                )
             elif "backoff" in options:
                 delay = backoff(attempt) if options["backoff"] is None else float(options["backoff"])
             elif isinstance(task, TaskloopTask):
@@ -719,7 +729,9 @@ def _task_ttr(task: Any) -> float | None:
     return getattr(task, "ttr", None)
 
 
-def _record_of(call: dict[str, Any], options: dict[str, Any], priority: int, result_id: str | None = None) -> TaskRecord:
+def _record_of(
+    call: dict[str, Any], options: dict[str, Any], priority: int, result_id: str | None = None
+) -> TaskRecord:
     """Return the (unsaved, READY) record of the call a tube task carries (see ``enqueue``)."""
     run_after = call.get("run_after")
     record = TaskRecord(
@@ -876,13 +888,18 @@ def _run_stored(task: TubeTask) -> None:
 
 
 def waiting_results(
-    limit: int = 20, result_id: str | None = None, cap: int | None = None
+    limit: int = 20,
+    result_id: str | None = None,
+    cap: int | None = None,
+    queue_name: str | None = None,
+    task_path: str | None = None,
 ) -> tuple[int, list[TaskRecord]]:
     """Return how many Django Tasks no worker has started yet wait in the queues' tubes (their
     calls carried by their tube tasks: one-row enqueues, not in ``TaskRecord`` until a worker
     starts them), and the newest ``limit`` of them as unsaved records, as ``get_result()``
     reads them; ``result_id``: only that one. ``cap``: count no further than that (a page that
-    says "more than" rather than read every waiting row)."""
+    says "more than" rather than read every waiting row). ``queue_name``, ``task_path``: only
+    the tasks of that queue, of that task."""
     using = router.db_for_read(TaskRecord)
     queued = TubeTask.objects.using(using).filter(
         Q(tube__name__startswith=TUBE_PREFIX) | Q(tube__name__startswith=KEYED_TUBE_PREFIX)
@@ -891,6 +908,10 @@ def waiting_results(
         carrier = _carrier(result_id, using)
         records = [] if carrier is None else [_waiting(carrier, carrier.data)]
         return len(records), records
+    if queue_name is not None:
+        queued = queued.filter(tube__name__in=[tube_name(queue_name), keyed_tube_name(queue_name)])
+    if task_path is not None:
+        queued = queued.filter(data__task=task_path)
     # A tube task that points at its record ("result") is listed with the records.
     queued = queued.exclude(data__has_key="result")
     records = [_waiting(t, t.data) for t in queued.order_by("-pk")[:limit] if isinstance(t.data, dict)]

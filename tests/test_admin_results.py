@@ -138,7 +138,6 @@ def test_expired_task_is_not_ready_in_the_results_list(boss):
     import datetime as dt
 
     from django_taskloop.engine import db_now
-
     from django_taskloop.models import Task
 
     late = t.must_start_soon.enqueue("late")

@@ -113,7 +113,9 @@ def test_a_django_task_enqueue_inside_a_transaction_is_one_insert():
         assert statements[0].lstrip().upper().startswith(("INSERT", "WITH")), statements
     assert not TaskRecord.objects.filter(pk=result.id).exists()
     assert add.get_result(result.id).status == "READY"
-    (queued,) = [t for t in Tube.objects.get(name="tasks.default").tasks.all() if result_id_of(t) == result.id]
+    (queued,) = [
+        t for t in Tube.objects.get(name="tasks.default").tasks.all() if result_id_of(t) == result.id
+    ]
     assert queued.data["args"] == [2, 3]
 
 
@@ -149,7 +151,9 @@ def test_a_django_task_enqueue_is_one_statement_in_autocommit(monkeypatch):
     assert statements[0].lstrip().upper().startswith(("INSERT", "WITH"))
     assert opened == []
     assert not TaskRecord.objects.exists()  # written by the worker that starts it
-    (queued,) = [t for t in Tube.objects.get(name="tasks.default").tasks.all() if result_id_of(t) == result.id]
+    (queued,) = [
+        t for t in Tube.objects.get(name="tasks.default").tasks.all() if result_id_of(t) == result.id
+    ]
     assert queued.state == "r" and queued.pri == 100 - result.task.priority
     assert result.enqueued_at == queued.created
     assert add.get_result(result.id).enqueued_at == result.enqueued_at

@@ -23,9 +23,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_taskloop import schedules
+from django_taskloop.backends import task_path_of
 from django_taskloop.checks import check_schedules
 from django_taskloop.engine import DbNow, db_now
-from django_taskloop.backends import task_path_of
 from django_taskloop.models import Failure, Schedule, Task, TaskRecord
 from django_taskloop.schedules import (
     PERIODIC_TUBE,

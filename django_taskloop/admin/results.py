@@ -124,17 +124,25 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         # Tasks no worker has started wait in their queues' tubes, which carry their calls
         # (one-row enqueues): shown above the list, and found by an exact id search.
         searched = request.GET.get("q", "").strip() or None
-        waiting_count, waiting = 0, []
+        waiting_count, waiting = 0, list[TaskRecord]()
         if searched is not None:
             waiting_count, waiting = waiting_results(result_id=searched)
         elif request.GET.get("status__exact", TaskRecordStatus.READY) == TaskRecordStatus.READY:
             # (Not under another status's filter, where they would be in the way.)
-            waiting_count, waiting = waiting_results(limit=WAITING_SHOWN, cap=WAITING_COUNT_CAP)
+            waiting_count, waiting = waiting_results(
+                limit=WAITING_SHOWN,
+                cap=WAITING_COUNT_CAP,
+                # The list's queue and task filters hold for them too.
+                queue_name=request.GET.get("queue") or None,
+                task_path=request.GET.get("task") or None,
+            )
         extra_context = {
             **(extra_context or {}),
             "subtitle": _("Finished results are kept %(time)s, then pruned by manage.py reap_locks.")
             % {"time": humanize_seconds(retention)},
-            "waiting": [(record, short_result_id(record.id), self.status_badge(record)) for record in waiting],
+            "waiting": [
+                (record, short_result_id(record.id), self.status_badge(record)) for record in waiting
+            ],
             "waiting_count": f"{waiting_count:,}",
             "waiting_more": waiting_count > len(waiting),
             "waiting_capped": waiting_count >= WAITING_COUNT_CAP,

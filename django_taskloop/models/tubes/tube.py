@@ -214,7 +214,11 @@ class Tube(TubeConsuming):
         nothing (:func:`engine.insert_together`: one statement on PostgreSQL)."""
         using, pk = self._using, self.pk
         # (One task, a put: one chunk, without asking the database's limits.)
-        chunks = [tasks] if len(tasks) == 1 else list(engine.batched(tasks, using, per_row=len(Task._meta.concrete_fields)))
+        chunks = (
+            [tasks]
+            if len(tasks) == 1
+            else list(engine.batched(tasks, using, per_row=len(Task._meta.concrete_fields)))
+        )
         ready = any(task.state == READY for task in tasks)
         returning = ["ttl_at", "event_at"] if self._has_ttl else []
         channel = wakeup.channel(pk) if ready else None
