@@ -213,12 +213,7 @@ class Tube(TubeConsuming):
         of other models, each with the fields to read back, written with one task, all or
         nothing (:func:`engine.insert_together`: one statement on PostgreSQL)."""
         using, pk = self._using, self.pk
-        # (One task, a put: one chunk, without asking the database's limits.)
-        chunks = (
-            [tasks]
-            if len(tasks) == 1
-            else list(engine.batched(tasks, using, per_row=len(Task._meta.concrete_fields)))
-        )
+        chunks = _chunks(tasks, using)
         ready = any(task.state == READY for task in tasks)
         returning = ["ttl_at", "event_at"] if self._has_ttl else []
         channel = wakeup.channel(pk) if ready else None
@@ -520,3 +515,11 @@ class Tube(TubeConsuming):
         return await sync_to_async(self.put_many, thread_sensitive=True)(
             items, pri=pri, ttl=ttl, ttr=ttr, delay=delay, utube=utube
         )
+
+
+def _chunks(tasks: list[Task], using: str) -> list[Sequence[Task]]:
+    """Split ``tasks`` into INSERTs within the database's limits (one task, a put: one chunk,
+    without asking the database)."""
+    if len(tasks) == 1:
+        return [tasks]
+    return list(engine.batched(tasks, using, per_row=len(Task._meta.concrete_fields)))
