@@ -6,7 +6,6 @@ Real ``manage.py workers`` subprocesses on the test database.
 from __future__ import annotations
 
 import logging
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from .workers_util import (
     nap,
     run_workers,
     start_workers,
+    stop_hard,
     wait_until,
 )
 
@@ -105,10 +105,7 @@ def test_a_hard_stop_puts_a_running_task_back_to_ready_and_it_runs_again():
     try:
         wait_until(lambda: TaskRecord.objects.filter(pk=result.id, status="RUNNING").exists(), timeout=60)
         started = time.monotonic()
-        worker.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
-        worker.send_signal(signal.SIGTERM)
-        output = worker.communicate(timeout=30)[0]
+        output = stop_hard(worker)
     finally:
         if worker.poll() is None:
             worker.kill()

@@ -17,7 +17,7 @@ from django_taskloop.models.operating import throughput_totals
 from django_taskloop.workers import Handler, board, get_handlers, loop, registry, tube
 from tests.testapp.models import WorkerLoop, WorkLog
 
-from .workers_util import alive, children_of, run_workers, start_workers, stop, wait_until
+from .workers_util import alive, children_of, run_workers, start_workers, stop, stop_hard, wait_until
 
 FAST = '{"RETRY_BACKOFF": 0.3, "MAX_ATTEMPTS": 3, "GRACE_PERIOD": 20, "HEARTBEAT_INTERVAL": 0.5}'
 
@@ -305,10 +305,7 @@ def test_second_signal_gives_everything_back_at_once():
     try:
         wait_until(lambda: WorkLog.objects.filter(kind="slow", phase="start").exists(), timeout=60)
         started = time.monotonic()
-        worker.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
-        worker.send_signal(signal.SIGTERM)
-        output = worker.communicate(timeout=30)[0]
+        output = stop_hard(worker)
     finally:
         if worker.poll() is None:
             worker.kill()
