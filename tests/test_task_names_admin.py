@@ -182,3 +182,38 @@ def test_live_workers_serve_and_hold_a_django_tasks_queue_by_its_name(boss):
         assert "default (Django Tasks), task:emails" in page, url
         assert "3 of default (Django Tasks)" in page, url
         assert "tasks.default" not in page and "tasks-keyed" not in page, url
+
+
+def test_the_failures_list_reads_the_results_task_paths_with_its_rows_not_one_query_each(boss):
+    """Each Django Task's row links its result by task path: read in the list's own query."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_taskloop.engine import db_now
+    from django_taskloop.models import TaskRecord
+
+    def failures_of(count: int) -> None:
+        for n in range(count):
+            record = TaskRecord.objects.create(
+                backend="default", queue_name="default", task_path=f"app.tasks.t{n}"
+            )
+            Failure.objects.create(
+                kind="task",
+                queue="tasks.default",
+                item=record.id,
+                attempt=1,
+                worker="w",
+                error="E",
+                at=db_now(),
+            )
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            page = boss.get(reverse("admin:django_taskloop_failure_changelist")).content.decode()
+        assert page.count("app.tasks.t") >= Failure.objects.count()  # each row names its task
+        return len(captured)
+
+    failures_of(2)
+    few = queries()
+    failures_of(8)
+    assert queries() == few

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html, format_html_join
@@ -195,6 +195,12 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a record of what happened: read only
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        # The task path of a Django Task's result, read with the rows: one query a page,
+        # not one a row (None: not a result, or pruned after RESULT_RETENTION).
+        paths = TaskRecord.objects.filter(pk=OuterRef("item")).values("task_path")[:1]
+        return super().get_queryset(request).annotate(result_task_path=Subquery(paths))
+
     @admin.display(description=_("queue"))
     def where(self, obj: Failure) -> str:
         queue = django_tasks_queue(obj.queue) if obj.kind == "task" else None
@@ -214,7 +220,7 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     def item_link(self, obj: Failure) -> str:
         result_id = _result_id(obj)
         if result_id is not None:
-            return _result_link(result_id, self.admin_site.name)
+            return _result_link(result_id, getattr(obj, "result_task_path", None), self.admin_site.name)
         url = _item_url(obj, self.admin_site.name)
         return format_html('<a href="{}">{}</a>', url, obj.item) if url else obj.item
 
@@ -223,10 +229,10 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         return format_html('<pre class="tl-traceback">{}</pre>', obj.traceback)
 
 
-def _result_link(result_id: str, site_name: str) -> str:
-    """Name a Django Task's result by its task and short id (as *Django task results* lists
-    it), linked to its page: the attempts of one result are one item, each row links it."""
-    path = TaskRecord.objects.filter(pk=result_id).values_list("task_path", flat=True).first()
+def _result_link(result_id: str, path: str | None, site_name: str) -> str:
+    """Name a Django Task's result by its task (``path``, read with the row) and short id (as
+    *Django task results* lists it), linked to its page: the attempts of one result are one
+    item, each row links it."""
     if path is None:  # pruned after RESULT_RETENTION
         return format_html(
             '<small>{}</small> <span title="{}">{}</span>', _("result"), result_id, short_result_id(result_id)
