@@ -48,6 +48,7 @@ from .compat import (
 from .exceptions import NotFound
 from .models import Task as TubeTask
 from .models import TaskRecord, TaskRecordStatus, Tube
+from .models.operating import TASKS_TUBE_PREFIXES
 from .models.tubes import DELAYED, READY
 from .task_options import TaskloopTask, check_ttr, function_path, task_key
 from .validation import check_handler, check_name, check_seconds
@@ -71,13 +72,11 @@ __all__ = [
 
 logger = logging.getLogger("django_taskloop.tasks")
 
-#: Tubes that hold Django Tasks are named ``TUBE_PREFIX + queue_name``.
-TUBE_PREFIX = "tasks."
-
-
-#: Tasks enqueued with a ``key`` wait in a ``utubettl`` tube named ``KEYED_TUBE_PREFIX + queue_name``
-#: (one sub-queue per key: one task of a key runs at a time).
-KEYED_TUBE_PREFIX = "tasks-keyed."
+#: Tubes that hold Django Tasks are named ``TUBE_PREFIX + queue_name``; tasks enqueued with a
+#: ``key`` wait in a ``utubettl`` tube named ``KEYED_TUBE_PREFIX + queue_name`` (one sub-queue
+#: per key: one task of a key runs at a time). Spelled once, beside the Failure rows that
+#: name them (``models.operating.TASKS_TUBE_PREFIXES``).
+TUBE_PREFIX, KEYED_TUBE_PREFIX = TASKS_TUBE_PREFIXES
 
 
 def tube_name(queue_name: str) -> str:
@@ -181,26 +180,25 @@ if TASKS_AVAILABLE:
                     call["options"] = options
             queued = self._put(call, task, using, key)
             # (As _to_result(_waiting(queued, call)) reads it, without a model instance.)
-            result: TaskResult[Any] = TaskResult(
-                task=task,
+            result = _task_result(
+                task,
+                self.alias,
                 id=f"{queued.pk}-{call['id']}",
-                status=TaskResultStatus.READY,
+                status="READY",
                 enqueued_at=queued.created,
-                started_at=None,
-                finished_at=None,
-                last_attempted_at=None,
                 args=call["args"],
                 kwargs=call["kwargs"],
-                backend=self.alias,
-                errors=[],
-                worker_ids=[],
             )
-            object.__setattr__(result, "_return_value", None)
+            self._announce(result, using)
+            return result
+
+        def _announce(self, result: Any, using: str) -> None:
+            """Send ``task_enqueued`` for ``result`` when its rows are committed (at once outside
+            a transaction, as on_commit would, less its cost on the hot path)."""
             if connections[using].in_atomic_block:
                 transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=using)
-            else:  # (as on_commit would, at once, less its cost on the hot path)
+            else:
                 task_enqueued.send(type(self), task_result=result)
-            return result
 
         def _put(self, call: dict[str, Any], task: Any, using: str, key: str | None) -> TubeTask:
             """Put ``call`` in its queue's tube (its keyed tube for a key); return the tube task."""
@@ -289,7 +287,7 @@ if TASKS_AVAILABLE:
             if twin is not None:
                 return self._to_result(twin, task)
             result = self._to_result(record, task)
-            transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result), using=using)
+            self._announce(result, using)
             return result
 
         def _waiting_twin(self, tube: Any, record: Any, key: str | None, unique_on: str, using: str) -> Any:
@@ -378,22 +376,21 @@ if TASKS_AVAILABLE:
                 # What the worker will record when it reaches the task (see execute).
                 status, finished_at = "FAILED", record.ttl_deadline()
                 errors = [*errors, _error_entry(expired)]
-            result: TaskResult[Any] = TaskResult(
-                task=task,
+            return _task_result(
+                task,
+                self.alias,
                 id=record.id,
-                status=TaskResultStatus[status],
+                status=status,
                 enqueued_at=record.enqueued_at,
                 started_at=record.started_at,
                 finished_at=finished_at,
                 last_attempted_at=record.last_attempted_at,
                 args=record.args,
                 kwargs=record.kwargs,
-                backend=self.alias,
                 errors=[TaskError(**error) for error in errors],
                 worker_ids=list(record.worker_ids),
+                return_value=record.return_value,
             )
-            object.__setattr__(result, "_return_value", record.return_value)
-            return result
 
         def execute(self, result_id: str, worker_id: str, queued: Any = None) -> None:
             """Run the task ``result_id`` and record how it ended (called by the worker).
@@ -778,6 +775,42 @@ def _called(queued: Any, result_id: str) -> TaskRecord | None:
         return None
     record = _waiting(queued, data)
     return record if record.id == result_id else None
+
+
+def _task_result(
+    task: Any,
+    backend: str,
+    *,
+    id: str,
+    status: str,
+    enqueued_at: Any,
+    args: Any,
+    kwargs: Any,
+    started_at: Any = None,
+    finished_at: Any = None,
+    last_attempted_at: Any = None,
+    errors: Any = (),
+    worker_ids: Any = (),
+    return_value: Any = None,
+) -> Any:
+    """Return a ``TaskResult`` of ``task`` holding ``return_value`` (the one place results are
+    built: at enqueue, and from a record)."""
+    result: TaskResult[Any] = TaskResult(
+        task=task,
+        id=id,
+        status=TaskResultStatus[status],
+        enqueued_at=enqueued_at,
+        started_at=started_at,
+        finished_at=finished_at,
+        last_attempted_at=last_attempted_at,
+        args=args,
+        kwargs=kwargs,
+        backend=backend,
+        errors=list(errors),
+        worker_ids=list(worker_ids),
+    )
+    object.__setattr__(result, "_return_value", return_value)
+    return result
 
 
 def _error_entry(error: BaseException) -> dict[str, str]:
