@@ -6,6 +6,7 @@ workers`` processes."""
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import textwrap
 
@@ -25,17 +26,23 @@ def lines_with(text: str, needle: str) -> list[str]:
     return [line for line in text.splitlines() if needle in line]
 
 
+def burst_default(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``manage.py workers --burst --only default *args`` with the fast test settings."""
+    return run_workers(
+        "--burst",
+        "--only",
+        "default",
+        *args,
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
+
+
 def test_a_failing_django_task_logs_its_result_id_path_and_attempts_and_is_one_failures_item():
     result = t.always_fails.enqueue("boom")
     path = "tests.options_tasks.always_fails"
 
-    run = run_workers(
-        "--burst",
-        "--only",
-        "default",
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=FAST,
-    )
+    run = burst_default()
 
     assert run.returncode == 0, run.stderr
     failed = lines_with(run.stderr, "WARNING django_taskloop.workers")
@@ -62,13 +69,7 @@ def test_the_start_and_summary_lines_name_the_django_tasks_queue_once():
     plain = add.enqueue(1, 2)
     keyed = t.sync.enqueue(7)
 
-    run = run_workers(
-        "--burst",
-        "--only",
-        "default",
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=FAST,
-    )
+    run = burst_default()
 
     assert run.returncode == 0, run.stderr
     assert TaskRecord.objects.filter(pk__in=[plain.id, keyed.id], status="SUCCESSFUL").count() == 2
@@ -83,15 +84,7 @@ def test_the_start_and_summary_lines_name_the_django_tasks_queue_once():
 def test_an_idle_keyed_tube_adds_no_summary_line():
     add.enqueue(2, 3)
 
-    run = run_workers(
-        "--burst",
-        "--only",
-        "default",
-        "--only",
-        "slow",
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=FAST,
-    )
+    run = burst_default("--only", "slow")
 
     assert run.returncode == 0, run.stderr
     summaries = lines_with(run.stderr, "summary ")
@@ -107,15 +100,7 @@ def test_verbose_workers_name_each_django_task_as_it_starts_and_ends(verbosity):
     result = add.enqueue(20, 22)
     path = "tests.workers_util.add"
 
-    run = run_workers(
-        "--burst",
-        "--only",
-        "default",
-        "-v",
-        verbosity,
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=FAST,
-    )
+    run = burst_default("-v", verbosity)
 
     assert run.returncode == 0, run.stderr
     # The worker names the result id twice: as it runs, and as it has finished. (Django 6 with
@@ -148,13 +133,7 @@ def test_a_task_path_that_no_longer_imports_is_named_as_stored(tmp_path, monkeyp
     result = vanished.enqueue()
     sys.modules.pop("taskloop_gone_tasks", None)
 
-    run = run_workers(
-        "--burst",
-        "--only",
-        "default",
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=FAST,
-    )
+    run = burst_default()
 
     assert run.returncode == 0, run.stderr
     (line,) = lines_with(run.stderr, "WARNING django_taskloop.workers")
