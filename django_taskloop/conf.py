@@ -34,6 +34,9 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_BACKOFF_MAX": 300.0,
     "GRACE_PERIOD": 30.0,
     "HEARTBEAT_INTERVAL": 10.0,
+    # Seconds one open transaction may hold back cleanup of the queue tables (PostgreSQL's
+    # VACUUM, InnoDB's purge) before each worker logs a warning naming it; 0 turns it off.
+    "HORIZON_WARNING": 60.0,
     # Seconds of work a worker claims at once, sized from each handler's measured time per
     # item (at least one item, at most the handler's batch); a handler's batch_time overrides.
     "BATCH_TIME": 0.1,

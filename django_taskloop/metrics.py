@@ -17,6 +17,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 
 from .conf import setting
+from .health import database_cleanup
 from .models import WorkerProcess
 from .models.operating import throughput_totals
 from .stats import DJANGO_TASK, django_tasks_queue, merge_django_tasks, queue_summaries
@@ -97,7 +98,40 @@ def render_metrics() -> str:
             serving[labels] = serving.get(labels, 0) + 1
     for (kind, queue), n in sorted(serving.items()):
         lines.append(_line("taskloop_workers", {"queue": queue, "kind": kind}, n))
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *_cleanup_lines()]) + "\n"
+
+
+def _cleanup_lines() -> list[str]:
+    """What holds back cleanup of the queue tables, per database (none on SQLite)."""
+    found = database_cleanup()
+    if not found:
+        return []
+    lines = [
+        "# HELP taskloop_db_oldest_transaction_seconds How long the oldest other open transaction "
+        "has held back cleanup (VACUUM, InnoDB purge) of the queue tables (0: none open).",
+        "# TYPE taskloop_db_oldest_transaction_seconds gauge",
+        *(
+            _line(
+                "taskloop_db_oldest_transaction_seconds", {"database": alias}, round(read.oldest_seconds, 3)
+            )
+            for alias, read in found.items()
+        ),
+    ]
+    dead = [(alias, table, n) for alias, read in found.items() for table, n in sorted(read.dead_rows.items())]
+    if dead:
+        lines += [
+            "# HELP taskloop_db_dead_rows Dead row versions in each queue table (PostgreSQL statistics).",
+            "# TYPE taskloop_db_dead_rows gauge",
+            *(_line("taskloop_db_dead_rows", {"database": a, "table": t}, n) for a, t, n in dead),
+        ]
+    backlog = [(alias, read.purge_backlog) for alias, read in found.items() if read.purge_backlog is not None]
+    if backlog:
+        lines += [
+            "# HELP taskloop_db_purge_backlog Undo records InnoDB has not purged yet (history list length).",
+            "# TYPE taskloop_db_purge_backlog gauge",
+            *(_line("taskloop_db_purge_backlog", {"database": alias}, n) for alias, n in backlog),
+        ]
+    return lines
 
 
 def _allowed(request: HttpRequest) -> bool:

@@ -28,7 +28,7 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("conf", "validation", "exceptions", "signals", "cron", "compat", "workers.runtime", "task_options")),
     (1, ("engine", "wakeup")),
     (2, ("models",)),
-    (3, ("stats", "reaper")),
+    (3, ("stats", "reaper", "health")),
     (4, ("workers", "backends", "schedules")),
     (5, ("admin", "metrics", "management", "checks", "templatetags", "urls", "apps", "views")),
     # The test helpers (django_taskloop.testing, its pytest plugin): edges, on the Tasks backend.

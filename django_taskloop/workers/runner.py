@@ -27,6 +27,7 @@ from django.db import DatabaseError, connections
 from .. import schedules, wakeup
 from ..conf import setting
 from ..exceptions import DatabaseBusy
+from ..health import CleanupWatch
 from ..models import Failure, WorkerProcess
 from ..models.operating import record_throughput
 from ..models.tubes import worth_trying
@@ -69,9 +70,10 @@ class Chores:
     flush: float  # write the throughput counts
     tick: float  # claim the schedules' due ticks
     process: float = 0.0  # the worker process's own row
+    cleanup: float = 0.0  # look for a transaction that holds back cleanup of the queue tables
 
     def next_due(self) -> float:
-        return min([*self.drivers.values(), self.reap, self.process, self.flush, self.tick])
+        return min([*self.drivers.values(), self.reap, self.process, self.flush, self.tick, self.cleanup])
 
 
 class Batch:
@@ -135,6 +137,7 @@ class Worker:
         self._parent = os.getppid() if supervised else None
         # Cron schedules (@periodic, TASKLOOP["SCHEDULE"]): claimed by the heartbeat thread.
         self.ticker = schedules.ticker() if schedule else None
+        self.watch = CleanupWatch()
 
     # Signals -----------------------------------------------------------------------------
 
@@ -795,6 +798,9 @@ class Worker:
             self._reap()
         if time.monotonic() >= chores.tick:
             chores.tick = time.monotonic() + self._tick()
+        if time.monotonic() >= chores.cleanup:
+            chores.cleanup = time.monotonic() + self.watch.every()
+            self._watch_cleanup()
         self._beat_drivers(chores.drivers)
 
     def _process_pace(self) -> float:
@@ -812,6 +818,19 @@ class Worker:
                 logger.debug("reaper: %s", line)
         except Exception:
             logger.exception("periodic reap failed")
+
+    def _watch_cleanup(self) -> None:
+        """Warn while a transaction elsewhere holds back cleanup of the queue tables."""
+        try:
+            for level, message in self.watch.look():
+                logger.log(
+                    logging.WARNING if level == "warning" else logging.INFO,
+                    "worker %s: %s",
+                    self.identity,
+                    message,
+                )
+        except Exception:
+            logger.debug("worker %s: could not read the databases' cleanup", self.identity, exc_info=True)
 
     def _beat_drivers(self, due: dict[Driver, float]) -> None:
         """Renew the leases of each driver whose beat is ``due``, and beat it."""

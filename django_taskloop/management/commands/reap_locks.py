@@ -10,6 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
+from django_taskloop.health import vacuum_queue_tables
 from django_taskloop.reaper import format_report, reap
 
 #: Seconds a stopped ``--every`` loop may take to finish its round before the process ends anyway.
@@ -27,14 +28,42 @@ class Command(BaseCommand):
             "--every", type=float, metavar="SECONDS", help="Repeat every SECONDS until stopped."
         )
         parser.add_argument("--database", help="Database alias to reap (default: each model's routed alias).")
+        parser.add_argument(
+            "--vacuum",
+            action="store_true",
+            help="After an incident (a transaction held open for long): VACUUM the queue tables "
+            "(PostgreSQL) so that their dead row versions' space is reused; then exit.",
+        )
+        parser.add_argument(
+            "--reindex",
+            action="store_true",
+            help="With --vacuum: also rebuild their indexes without blocking the queue (PostgreSQL: "
+            "REINDEX CONCURRENTLY; MariaDB/MySQL: OPTIMIZE TABLE).",
+        )
 
-    def handle(self, *args: Any, every: float | None, database: str | None, **options: Any) -> None:
+    def handle(
+        self,
+        *args: Any,
+        every: float | None,
+        database: str | None,
+        vacuum: bool = False,
+        reindex: bool = False,
+        **options: Any,
+    ) -> None:
         if every is not None and not every > 0:
             raise CommandError("--every must be a positive number of seconds")
         if database is not None and database not in connections:
             raise CommandError(
                 f"--database {database!r} is not a database alias; known: {', '.join(connections)}"
             )
+        if reindex and not vacuum:
+            raise CommandError("--reindex goes with --vacuum")
+        if vacuum:
+            if every is not None:
+                raise CommandError("--vacuum runs once: leave out --every")
+            for line in vacuum_queue_tables(database, reindex=reindex):
+                self.stdout.write(line)
+            return
         if every is None:
             for line in format_report(reap(database)):
                 self.stdout.write(line)

@@ -1,0 +1,203 @@
+"""What holds back cleanup of the queue tables: a transaction held open in another connection
+shows in ``database_cleanup()``, the metrics and a worker's log, and goes when it ends; dead
+rows show on PostgreSQL and ``reap_locks --vacuum`` clears them (issue 30)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection, connections
+
+from django_taskloop.health import CleanupWatch, database_cleanup, queue_tables
+from django_taskloop.metrics import render_metrics
+from django_taskloop.models import Tube
+
+from .workers_util import ROOT, child_env, workers_command
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+servers_only = pytest.mark.skipif(
+    "connection.vendor == 'sqlite'", reason="SQLite keeps no old row versions (see the SQLite test)"
+)
+
+
+@contextmanager
+def held_transaction() -> Iterator[int]:
+    """Hold a REPEATABLE READ transaction open in another connection (as a long report, a
+    ``pg_dump`` or a request idle in its transaction does); yield its server process id."""
+    other = connections.create_connection("default")
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            if other.vendor == "postgresql":
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                cursor.execute("SELECT pg_backend_pid()")
+            else:
+                cursor.execute("SELECT CONNECTION_ID()")
+            pid = cursor.fetchone()[0]
+            cursor.execute("SELECT COUNT(*) FROM taskloop_tube")  # the snapshot (InnoDB: a read view)
+            cursor.fetchone()
+        yield pid
+    finally:
+        other.rollback()
+        other.close()
+
+
+def wait_for(condition: Any, timeout: float = 30.0, every: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "not seen in time"
+        time.sleep(every)
+
+
+def gauge(text: str, name: str, **labels: str) -> float | None:
+    inner = ",".join(f'{key}="{value}"' for key, value in labels.items())
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{inner}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_sqlite_has_nothing_to_clean_up():
+    if connection.vendor != "sqlite":
+        assert "default" in database_cleanup()
+        return
+    assert database_cleanup() == {}
+    assert "taskloop_db_" not in render_metrics()
+    assert CleanupWatch().look() == []
+
+
+def test_queue_tables_name_ours_by_database():
+    tables = queue_tables()
+    assert "taskloop_task" in tables["default"]
+    assert "taskloop_job" in tables["default"]
+
+
+@servers_only
+def test_a_held_transaction_shows_and_goes():
+    with held_transaction() as pid:
+        time.sleep(1.1)
+        read = database_cleanup()["default"]
+        assert read.holder is not None
+        assert read.holder.pid == pid
+        assert read.holder.seconds >= 1.0
+        assert read.holder.state == "idle in transaction"
+        assert f"pid {pid}" in read.holder.describe()
+        age = gauge(render_metrics(), "taskloop_db_oldest_transaction_seconds", database="default")
+        assert age is not None and age >= 1.0
+    # Ended: nothing of it is left (MariaDB's INNODB_TRX is a copy up to 0.1 s old).
+    wait_for(lambda: _gone(pid))
+    assert gauge(render_metrics(), "taskloop_db_oldest_transaction_seconds", database="default") < 1.0
+
+
+def _gone(pid: int) -> bool:
+    holder = database_cleanup()["default"].holder
+    return holder is None or holder.pid != pid
+
+
+@servers_only
+def test_the_watch_warns_once_then_says_it_ended(settings):
+    settings.TASKLOOP = {**settings.TASKLOOP, "HORIZON_WARNING": 1}
+    watch = CleanupWatch()
+    assert watch.look() == []
+    with held_transaction() as pid:
+        time.sleep(1.1)
+        (line,) = watch.look()
+        assert line[0] == "warning"
+        assert f"pid {pid}" in line[1] and "holds back cleanup" in line[1] and "'default'" in line[1]
+        assert watch.look() == []  # not again at once: every few minutes while it lasts
+    (line,) = wait_for(watch.look)
+    assert line == ("info", line[1]) and "has ended" in line[1]
+    assert watch.look() == []
+
+
+@servers_only
+def test_the_watch_is_off_at_zero(settings):
+    settings.TASKLOOP = {**settings.TASKLOOP, "HORIZON_WARNING": 0}
+    with held_transaction():
+        time.sleep(0.2)
+        assert CleanupWatch().look() == []
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="dead row versions: PostgreSQL's count")
+def test_dead_rows_show_and_vacuum_clears_them():
+    tube = Tube.objects.create_tube("cleanup-dead", "fifo")
+    with held_transaction():
+        tube.put_many(list(range(200)))
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM taskloop_task WHERE tube_id = %s", [tube.pk])
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+        connection.close()  # the statistics are sent as the session ends
+        assert wait_for(lambda: dead() >= 200)
+        text = render_metrics()
+        assert gauge(text, "taskloop_db_dead_rows", database="default", table="taskloop_task") >= 200
+        # VACUUM cannot remove what the held transaction may still see.
+    out = io.StringIO()
+    call_command("reap_locks", "--vacuum", stdout=out)
+    assert "database default: VACUUM (ANALYZE) on" in out.getvalue()
+    assert wait_for(lambda: dead() < 200)
+
+
+def test_vacuum_says_what_it_did_on_each_database():
+    out = io.StringIO()
+    call_command("reap_locks", "--vacuum", "--reindex", stdout=out)
+    said = {"postgresql": "VACUUM (ANALYZE) and REINDEX TABLE CONCURRENTLY on", "mysql": "OPTIMIZE TABLE on"}
+    expected = said.get(connection.vendor, "nothing to do (SQLite keeps no old row versions)")
+    assert out.getvalue().startswith(f"database default: {expected}")
+
+
+def test_reindex_needs_vacuum_and_vacuum_runs_once():
+    with pytest.raises(CommandError, match="--reindex goes with --vacuum"):
+        call_command("reap_locks", "--reindex")
+    with pytest.raises(CommandError, match="runs once"):
+        call_command("reap_locks", "--vacuum", "--every", "5")
+
+
+def dead() -> int:
+    """Dead row versions of the task table, as the statistics say now."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+    return database_cleanup()["default"].dead_rows.get("taskloop_task", 0)
+
+
+@servers_only
+def test_a_worker_logs_the_held_transaction_and_its_end():
+    worker = subprocess.Popen(
+        workers_command("--only", "w-noop", "--processes", "1"),
+        env=child_env(
+            DJANGO_SETTINGS_MODULE="tests.workers_settings",
+            TASKLOOP_OVERRIDES=json.dumps({"HORIZON_WARNING": 1}),
+        ),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(worker.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        with held_transaction() as pid:
+            warning = wait_for(lambda: [line for line in lines if "holds back cleanup" in line], timeout=60)
+            assert f"pid {pid}" in warning[0] and "WARNING" in warning[0].upper()
+        wait_for(
+            lambda: [line for line in lines if "held back cleanup" in line and "has ended" in line],
+            timeout=60,
+        )
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+        reader.join(timeout=10)
+    assert sum("holds back cleanup" in line for line in lines) == 1, lines
