@@ -28,6 +28,7 @@ from .claim import (
     lock_free,
     update_returning,
 )
+from .compiler import by_keys
 from .insert import MissingRows, insert, insert_together
 from .kept import KEPT_STATEMENTS, add_to, delete_pks, delete_rows
 from .transactions import discard_if_broken, poll, run_in_transaction, write_transaction
@@ -56,6 +57,7 @@ from .vendor import (
 )
 
 __all__ = [
+    "by_keys",
     "DbNow",
     "Shifted",
     "PartialIndex",

@@ -272,7 +272,7 @@ def delete_and_claim(
         lambda: _delete_and_claim_sql(kept_where, claim_statement, counters, using),
     )
     prepared = list(kept_where.prepared(pks, connection))
-    params = [*kept_where.params, prepared, *claim_statement.params, *match.values()]
+    params = [prepared, *kept_where.params, *claim_statement.params, *match.values()]
     result = compiler.send(connection, sql, params)
     deleted, counted_rows = result[0][0], result[0][1]
     # No claimed row: the LEFT JOIN's one row, all NULL.
@@ -296,7 +296,7 @@ def _delete_and_claim_sql(
     )
     match_sql = " AND ".join(f"{qn(compiler.column(model, name))} = %s" for name in match)
     return (
-        f"WITH d AS ({kept_where.head} = ANY(%s) RETURNING 1), "
+        f"WITH d AS ({kept_where.head} = ANY(%s){kept_where.tail} RETURNING 1), "
         f"c AS ({claim_statement.sql}), s AS (UPDATE {qn(model._meta.db_table)} SET {sets} WHERE {match_sql} "
         "RETURNING 1) SELECT (SELECT COUNT(*) FROM d), (SELECT COUNT(*) FROM s), c.* "
         "FROM (SELECT 1) AS one LEFT JOIN c ON TRUE"

@@ -13,9 +13,10 @@ from typing import Any, cast
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Expression, Field, Index, Model, QuerySet, signals
+from django.db.models import BooleanField, Expression, Field, Index, Model, QuerySet, signals
 from django.db.models.base import ModelState
 from django.db.models.constants import OnConflict
+from django.db.models.expressions import RawSQL
 from django.db.models.sql import InsertQuery, Query, UpdateQuery
 from django.db.models.sql.compiler import SQLCompiler
 from django.utils.asyncio import async_unsafe
@@ -157,6 +158,21 @@ def compile_where(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]] | None
     except FullResultSet:
         return "", ()
     return where, tuple(params)
+
+
+def by_keys(queryset: QuerySet[Any], pks: Sequence[Any]) -> QuerySet[Any]:
+    """The rows of ``queryset`` whose primary key is in ``pks``, found by those keys alone:
+    ``queryset``'s filter is checked on the rows they find, as ``(…) IS TRUE``, which no index
+    can serve (see :class:`~.kept.Where`: a settle's few rows, never a claim index's range)."""
+    model = queryset.model
+    keyed = model._base_manager.using(queryset.db).filter(pk__in=pks)
+    compiled = compile_where(queryset)
+    if compiled is None:
+        return keyed.none()
+    where, params = compiled
+    if not where:
+        return keyed
+    return keyed.filter(RawSQL(f"({where}) IS TRUE", params, output_field=BooleanField()))
 
 
 def compile_expression(model: type[Model], using: str, expression: Expression) -> tuple[str, list[Any]]:

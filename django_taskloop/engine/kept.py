@@ -148,11 +148,15 @@ class Where:
         self.empty = compiled is None
         where, params = compiled or ("", ())
         self.params = params
-        #: ``DELETE FROM … WHERE (…) AND <pk>``: the caller adds ``IN (…)`` or ``= ANY(…)``.
-        self.head = (
-            f"DELETE FROM {table} WHERE " + (f"({where}) AND " if where else "") + f"{table}.{qn(pk.column)}"
-        )
-        self.delete = f"{self.head} IN "
+        #: ``DELETE FROM … WHERE <pk>``: the caller adds ``IN (…)`` or ``= ANY(…)``, then
+        #: :attr:`tail`, and sends the keys before :attr:`params`.
+        self.head = f"DELETE FROM {table} WHERE {table}.{qn(pk.column)}"
+        #: The filter, checked on the rows the keys find and never used to find them: ``(…) IS
+        #: TRUE`` is no condition an index can serve. A settle deletes a handful of rows among
+        #: millions, and without it a planner may prefer a range of the claim index (a tube's
+        #: taken tasks, say) to the keys; a transaction held open elsewhere fills that range with
+        #: dead entries, and the settle then reads thousands of pages for a few rows.
+        self.tail = f" AND ({where}) IS TRUE" if where else ""
 
     @classmethod
     def build(cls, queryset: QuerySet[Any]) -> Where | None:
@@ -200,8 +204,8 @@ def delete_pks(
     total = 0
     for chunk in batched(pks, using):
         chunk = kept.prepared(chunk, connection)
-        sql = f"{kept.delete}({', '.join(['%s'] * len(chunk))})"
-        total += compiler.send(connection, sql, [*kept.params, *chunk], "rowcount")
+        sql = f"{kept.head} IN ({', '.join(['%s'] * len(chunk))}){kept.tail}"
+        total += compiler.send(connection, sql, [*chunk, *kept.params], "rowcount")
     return total
 
 

@@ -58,7 +58,10 @@ def worth_trying(tubes: Sequence[TubeConsuming]) -> dict[int, str]:
         if now - _stale_checks.get(key, -math.inf) >= _STALE_CHECK_EVERY:
             _stale_checks[key] = now
             stale.add(tube.pk)
-        due, ready = tube._worth(tube.pk in stale)
+    # Read once for all the tubes; usually none, and then no tube looks at its taken tasks.
+    dead = Consumer.objects.using(using).dead_names() if stale else []
+    for tube in tubes:
+        due, ready = tube._worth(dead if tube.pk in stale else [])
         if due is not None:
             whens.append(When(due, then=Value("due")))
         whens.append(When(ready, then=Value("ready")))
@@ -152,17 +155,16 @@ class TubeConsuming(TubeBase):
             raise self._gone()
         return worth[self.pk]
 
-    def _worth(self, stale: bool) -> tuple[Q | None, Q]:
+    def _worth(self, dead: Any) -> tuple[Q | None, Q]:
         """On tube rows: this tube, not paused, with a transition due (a delay or ttr ran out;
-        with ``stale``, a dead consumer holds a task; ``None`` if nothing can be); the same with
+        one of the ``dead`` consumers holds a task; ``None`` if nothing can be); the same with
         something claimable."""
         tasks = Task.objects.filter(tube_id=self.pk)
         due = []
         if self._has_ttl:
             # (What _tidy_for_take applies: a ready task past its ttl is not worth a take.)
             due.append(Exists(tasks.filter(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow())))
-        if stale:
-            dead = Consumer.objects.dead().values("name")
+        if not isinstance(dead, list) or dead:  # (a list of names, or the query of many)
             due.append(Exists(tasks.filter(state=TAKEN, owner__in=dead)))
         paused = operating.PausedQueue.objects.filter(kind="task", queue=self.name)
         this = Q(pk=self.pk) & ~Q(Exists(paused))
@@ -391,7 +393,7 @@ class TubeConsuming(TubeBase):
         held = self._held(consumer)
         total = 0
         for chunk in engine.batched(ids, self._using):
-            tasks = list(self._tasks().filter(held, pk__in=chunk).select_for_update())
+            tasks = list(engine.by_keys(self._tasks().filter(held), chunk).select_for_update())
             total += engine.delete_rows(self._tasks().filter(pk__in=[t.pk for t in tasks]))
             for task in tasks:
                 task.state, task.owner, task.taken_key = DONE, None, None
@@ -435,7 +437,7 @@ class TubeConsuming(TubeBase):
         def work() -> int:
             total = 0
             for chunk in engine.batched(ids, self._using):
-                tasks = list(self._tasks().filter(held, pk__in=chunk).select_for_update())
+                tasks = list(engine.by_keys(self._tasks().filter(held), chunk).select_for_update())
                 total += (
                     self._tasks()
                     .filter(pk__in=[t.pk for t in tasks])
@@ -511,7 +513,7 @@ class TubeConsuming(TubeBase):
 
         def work() -> int:
             touched = sum(
-                self._tasks().filter(held, pk__in=chunk).update(**_touched(increment))
+                engine.by_keys(self._tasks().filter(held), chunk).update(**_touched(increment))
                 for chunk in engine.batched(task_ids, self._using)
             )
             self._count(touch=touched)

@@ -251,6 +251,12 @@ class ConsumerQuerySet(models.QuerySet["Consumer"]):
         """Consumers whose last heartbeat is older than ``CONSUMER_TIMEOUT``."""
         return self.filter(last_seen__lt=engine.DbNow(-float(setting("CONSUMER_TIMEOUT"))))
 
+    def dead_names(self, most: int = 1000) -> list[str] | models.QuerySet[Any]:
+        """The dead consumers' names, read now: a list (usually empty, so that a caller skips
+        looking for their tasks at all), or the query itself if there are more than ``most``."""
+        names = list(self.dead().values_list("name", flat=True)[: most + 1])
+        return names if len(names) <= most else self.dead().values("name")
+
     def beat(self, name: str, register: bool = True) -> None:
         """Record a heartbeat of consumer ``name`` (database time). Without ``register``, only
         refresh the heartbeat of a consumer already known: one never seen is not added."""
