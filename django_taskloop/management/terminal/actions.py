@@ -13,7 +13,8 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
 from django_taskloop import engine
-from django_taskloop.backends import taskloop_backend
+from django_taskloop.backends import taskloop_backends
+from django_taskloop.compat import TaskResultDoesNotExist
 from django_taskloop.conf import tasks_backend_aliases
 from django_taskloop.models import ConsumedJob, Failure, TaskRecord, TaskRecordStatus
 from django_taskloop.models.tubes import STORED_STATES
@@ -114,24 +115,31 @@ def _retry_loop(queue: Queue, ids: list[str], every: bool) -> list[str]:
     return [f"bumped {plural(bumped, 'id')} of {queue.label}: {'it runs' if bumped == 1 else 'they run'} next"]
 
 
+def _result(queue: Queue, result_id: str) -> tuple[Any, Any]:
+    """Return ``(backend, result)`` of the Django Task ``result_id`` of the queue."""
+    for backend in taskloop_backends():
+        try:
+            result = backend.get_result(result_id)
+        except (TaskResultDoesNotExist, ValueError):
+            continue
+        if result.task.queue_name == queue.name:
+            return backend, result
+    raise BadInput(f"no result {result_id} in {queue.label}")
+
+
 def _retry_tasks(queue: Queue, ids: list[str], every: bool) -> list[str]:
     """Run FAILED Django Tasks of the queue once more (each the same result, a new attempt)."""
-    records = TaskRecord.objects.filter(queue_name=queue.name)
     if every:
-        ids = list(records.filter(status=TaskRecordStatus.FAILED).order_by("finished_at").values_list("id", flat=True))
-    found = {pk: (status, backend) for pk, status, backend in records.filter(pk__in=ids).values_list(
-        "pk", "status", "backend"
-    )}
-    for result_id in ids:
-        if result_id not in found:
-            raise BadInput(f"no result {result_id} in {queue.label}")
-        if found[result_id][0] != TaskRecordStatus.FAILED:
-            raise BadInput(f"result {result_id} of {queue.label} is {found[result_id][0]}: only a FAILED task can be retried")
+        failed = TaskRecord.objects.filter(queue_name=queue.name, status=TaskRecordStatus.FAILED)
+        ids = list(failed.order_by("finished_at").values_list("id", flat=True))
+    found = [_result(queue, result_id) for result_id in ids]
+    for backend, result in found:
+        if result.status != TaskRecordStatus.FAILED:
+            status = getattr(result.status, "value", result.status)
+            raise BadInput(f"result {result.id} of {queue.label} is {status}: only a FAILED task can be retried")
     if not ids:
         return [f"no FAILED task in {queue.label} to retry"]
-    for result_id in ids:
-        taskloop_backend(found[result_id][1]).retry(result_id)
-    return [f"retried result {result_id} of {queue.label}: READY again" for result_id in ids]
+    return [f"retried result {backend.retry(result.id).id} of {queue.label}: READY again" for backend, result in found]
 
 
 _RETRY: dict[str, Callable[[Queue, list[str], bool], list[str]]] = {
