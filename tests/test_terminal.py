@@ -24,7 +24,7 @@ from django_taskloop.models import ConsumedJob, Failure, Job, JobBoard, Task, Ta
 from django_taskloop.testing import run_queued
 from tests.testapp.models import IntLoop
 
-from .workers_util import ROOT, child_env, explode, wait_until
+from .workers_util import ROOT, child_env, explode
 
 try:
     from django.tasks import TaskResultStatus
@@ -60,7 +60,9 @@ def fail(kind: str, queue: str, item: Any, message: str = "smtp said no", attemp
     try:
         raise ConnectionRefusedError(message)
     except ConnectionRefusedError as error:
-        return Failure.objects.record(kind=kind, queue=queue, item=item, attempt=attempt, worker="w-1", error=error)
+        return Failure.objects.record(
+            kind=kind, queue=queue, item=item, attempt=attempt, worker="w-1", error=error
+        )
 
 
 def row(output: str, name: str) -> list[str]:
@@ -286,7 +288,10 @@ def test_retry_reposts_trashed_jobs_and_refuses_a_live_one():
     first, second = trashed_job(board, "a"), trashed_job(board, "b")
     live = board.post("c")
 
-    refused(taskloop("retry", "t-builds", first.uuid, live.uuid), f"job {live.uuid} of board t-builds is not trashed")
+    refused(
+        taskloop("retry", "t-builds", first.uuid, live.uuid),
+        f"job {live.uuid} of board t-builds is not trashed",
+    )
     refused(taskloop("retry", "t-builds", "no-such-uuid"), "no job no-such-uuid on board t-builds")
     assert board.jobs.filter(name="a").count() == 1
 
@@ -396,7 +401,9 @@ def test_prune_deletes_only_rows_older_than_asked_and_a_dry_run_deletes_nothing(
         "finished Django Task results older than 2 d: would delete 1",
         "consumed jobs' history older than 2 d: would delete 1",
     ]
-    assert Failure.objects.count() == 2 and ConsumedJob.objects.count() == 2 and TaskRecord.objects.count() == 1
+    assert (
+        Failure.objects.count() == 2 and ConsumedJob.objects.count() == 2 and TaskRecord.objects.count() == 1
+    )
 
     only = taskloop("prune", "--older-than", "2d", "--only", "failures")
     assert only.stdout == "failures older than 2 d: deleted 1\n", only.stderr
@@ -405,7 +412,9 @@ def test_prune_deletes_only_rows_older_than_asked_and_a_dry_run_deletes_nothing(
 
     rest = taskloop("prune", "--older-than", "2d")
     assert "finished Django Task results older than 2 d: deleted 1" in rest.stdout
-    assert list(ConsumedJob.objects.values_list("name", flat=True)) == ["b"] and not TaskRecord.objects.exists()
+    assert (
+        list(ConsumedJob.objects.values_list("name", flat=True)) == ["b"] and not TaskRecord.objects.exists()
+    )
 
 
 def test_prune_needs_an_explicit_age():

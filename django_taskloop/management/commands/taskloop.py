@@ -26,7 +26,9 @@ class OneLineParser(CommandParser):
 def _status_parser(sub: Any) -> None:
     p = sub.add_parser("status", help="Every queue: counts by state, oldest ready wait, failures, workers.")
     p.add_argument("queues", nargs="*", metavar="QUEUE", help="Only these queues (name or kind:name).")
-    p.add_argument("--json", action="store_true", help="One JSON document (with --watch: one line each time).")
+    p.add_argument(
+        "--json", action="store_true", help="One JSON document (with --watch: one line each time)."
+    )
     p.add_argument(
         "--watch",
         nargs="?",
@@ -57,12 +59,17 @@ def _change_parsers(sub: Any) -> None:
     for verb, says in (("pause", "Workers leave these queues alone"), ("resume", "Workers serve them again")):
         q = sub.add_parser(verb, help=f"{says}.")
         q.add_argument("queues", nargs="+", metavar="QUEUE")
-    p = sub.add_parser("prune", help="Delete old failures, finished Django Task results, consumed jobs' history.")
+    p = sub.add_parser(
+        "prune", help="Delete old failures, finished Django Task results, consumed jobs' history."
+    )
     p.add_argument(
         "--older-than", required=True, metavar="DURATION", help="Only rows older than this (90s, 5m, 2h, 7d)."
     )
     p.add_argument(
-        "--only", action="append", choices=sorted(actions.PRUNABLE), help="Only this kind of row (repeatable)."
+        "--only",
+        action="append",
+        choices=sorted(actions.PRUNABLE),
+        help="Only this kind of row (repeatable).",
     )
     p.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
 
@@ -71,7 +78,9 @@ class Command(BaseCommand):
     help = "See and steer the queues: status, failures, retry, pause, resume, prune."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=OneLineParser)
+        sub = parser.add_subparsers(
+            dest="action", metavar="ACTION", required=True, parser_class=OneLineParser
+        )
         _status_parser(sub)
         _failures_parser(sub)
         _change_parsers(sub)
@@ -97,14 +106,23 @@ class Command(BaseCommand):
         status.watch(watch, lambda: status.render(wanted, json, indent=None), self.stdout, tty=tty)
 
     def do_failures(
-        self, *, queue: str | None, since: str | None, limit: int, tracebacks: bool, json: bool, **options: Any
+        self,
+        *,
+        queue: str | None,
+        since: str | None,
+        limit: int,
+        tracebacks: bool,
+        json: bool,
+        **options: Any,
     ) -> None:
         if limit < 1:
             raise BadInput(f"--limit takes a positive number, not {limit}")
         where = resolve(queue) if queue is not None else None
         seconds = parse_duration(since, "--since") if since is not None else None
         found = list(failures.failures(where, seconds, limit))
-        self.say(failures.failures_json(found) if json else failures.failures_lines(found, tracebacks=tracebacks))
+        self.say(
+            failures.failures_json(found) if json else failures.failures_lines(found, tracebacks=tracebacks)
+        )
 
     def do_retry(self, *, queue: str, ids: list[str], every: bool, **options: Any) -> None:
         self.say(actions.retry(resolve(queue), ids, every))
@@ -118,4 +136,3 @@ class Command(BaseCommand):
     def do_prune(self, *, older_than: str, only: list[str] | None, dry_run: bool, **options: Any) -> None:
         seconds = parse_duration(older_than, "--older-than")
         self.say(actions.prune(seconds, list(dict.fromkeys(only or actions.PRUNABLE)), dry_run))
-

@@ -62,10 +62,16 @@ def _retry_board(queue: Queue, ids: list[str], every: bool) -> list[str]:
     board = queue.source
     jobs = board.jobs.all()
     if every:
-        ids = list(jobs.trashed().filter(reposted_as__isnull=True).order_by("sequence").values_list("uuid", flat=True))
-    found = {uuid: (trashed, again) for uuid, trashed, again in jobs.filter(uuid__in=ids).values_list(
-        "uuid", "trashed", "reposted_as"
-    )}
+        ids = list(
+            jobs.trashed()
+            .filter(reposted_as__isnull=True)
+            .order_by("sequence")
+            .values_list("uuid", flat=True)
+        )
+    found = {
+        uuid: (trashed, again)
+        for uuid, trashed, again in jobs.filter(uuid__in=ids).values_list("uuid", "trashed", "reposted_as")
+    }
     for uuid in ids:
         if uuid not in found:
             raise BadInput(f"no job {uuid} on {queue.label}")
@@ -100,7 +106,9 @@ def _retry_loop(queue: Queue, ids: list[str], every: bool) -> list[str]:
     """Bump loop ids (or every id with a failure on record) so that they run next."""
     manager = queue.source._default_manager
     if every:
-        failed = Failure.objects.filter(kind="loop", queue=queue.name).values_list("item", flat=True).distinct()
+        failed = (
+            Failure.objects.filter(kind="loop", queue=queue.name).values_list("item", flat=True).distinct()
+        )
         field = queue.source._meta.pk
         wanted = list(manager.status([field.to_python(t) for t in failed if _valid(field, t)]))
     else:
@@ -112,7 +120,9 @@ def _retry_loop(queue: Queue, ids: list[str], every: bool) -> list[str]:
     if not wanted:
         return [f"no failed id of {queue.label} to bump"]
     bumped = manager.bump(wanted, lock_for=0, auto_add=False)
-    return [f"bumped {plural(bumped, 'id')} of {queue.label}: {'it runs' if bumped == 1 else 'they run'} next"]
+    return [
+        f"bumped {plural(bumped, 'id')} of {queue.label}: {'it runs' if bumped == 1 else 'they run'} next"
+    ]
 
 
 def _result(queue: Queue, result_id: str) -> tuple[Any, Any]:
@@ -133,13 +143,18 @@ def _retry_tasks(queue: Queue, ids: list[str], every: bool) -> list[str]:
         failed = TaskRecord.objects.filter(queue_name=queue.name, status=TaskRecordStatus.FAILED)
         ids = list(failed.order_by("finished_at").values_list("id", flat=True))
     found = [_result(queue, result_id) for result_id in ids]
-    for backend, result in found:
+    for _backend, result in found:
         if result.status != TaskRecordStatus.FAILED:
             status = getattr(result.status, "value", result.status)
-            raise BadInput(f"result {result.id} of {queue.label} is {status}: only a FAILED task can be retried")
+            raise BadInput(
+                f"result {result.id} of {queue.label} is {status}: only a FAILED task can be retried"
+            )
     if not ids:
         return [f"no FAILED task in {queue.label} to retry"]
-    return [f"retried result {backend.retry(result.id).id} of {queue.label}: READY again" for backend, result in found]
+    return [
+        f"retried result {backend.retry(result.id).id} of {queue.label}: READY again"
+        for backend, result in found
+    ]
 
 
 _RETRY: dict[str, Callable[[Queue, list[str], bool], list[str]]] = {

@@ -52,14 +52,21 @@ def failures_lines(found: list[Failure], *, tracebacks: bool = False) -> list[st
     for f in found:
         kind, queue = _where(f)
         shown = queue if kind != DJANGO_TASK else f"{queue} (tasks)"
-        rows.append([ago((now - f.at).total_seconds()), shown, f.item, str(f.attempt), f.error.rsplit(".", 1)[-1]])
+        rows.append(
+            [ago((now - f.at).total_seconds()), shown, f.item, str(f.attempt), f.error.rsplit(".", 1)[-1]]
+        )
     header = ["WHEN", "QUEUE", "ITEM", "TRY", "ERROR", "MESSAGE"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
     room = max(20, WIDTH - sum(widths) - 2 * 5)
-    lines = table(header, [[*row, clip(f.message, room)] for row, f in zip(rows, found, strict=True)], right=[3])
+    lines = table(
+        header, [[*row, clip(f.message, room)] for row, f in zip(rows, found, strict=True)], right=[3]
+    )
     if tracebacks:
         for row, f in zip(rows, found, strict=True):
-            lines += ["", f"--- {row[1]} item {f.item}, attempt {f.attempt}, {f.at:%Y-%m-%d %H:%M:%S}, on {f.worker}"]
+            lines += [
+                "",
+                f"--- {row[1]} item {f.item}, attempt {f.attempt}, {f.at:%Y-%m-%d %H:%M:%S}, on {f.worker}",
+            ]
             lines += f.traceback.rstrip().splitlines()
     return lines
 

@@ -11,7 +11,8 @@ import json
 import signal
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, TextIO
+from io import TextIOBase
+from typing import Any
 
 from django_taskloop.models import WorkerProcess
 from django_taskloop.stats import (
@@ -107,7 +108,9 @@ def _as_json(summary: QueueSummary, workers: int) -> dict[str, Any]:
     }
 
 
-def status_json(found: list[QueueSummary], serving: dict[tuple[str, str], int], *, indent: int | None = 2) -> str:
+def status_json(
+    found: list[QueueSummary], serving: dict[tuple[str, str], int], *, indent: int | None = 2
+) -> str:
     """Return the status of ``found`` as JSON: ``{"queues": [...]}``."""
     queues = [_as_json(s, serving.get((s.kind, s.name), 0)) for s in found]
     return json.dumps({"queues": queues}, indent=indent)
@@ -126,7 +129,7 @@ def render(queues: list[Queue], as_json: bool, *, indent: int | None = 2) -> str
 CLEAR = "\x1b[H\x1b[2J"
 
 
-def watch(every: float, draw: Callable[[], str], out: TextIO, *, tty: bool) -> None:
+def watch(every: float, draw: Callable[[], str], out: TextIOBase, *, tty: bool) -> None:
     """Write ``draw()`` every ``every`` seconds until SIGINT or SIGTERM; in place on a tty,
     as blocks one after another (a blank line between) otherwise."""
     stop = threading.Event()

@@ -67,7 +67,8 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], *, right: Sequen
     lines = []
     for row in [header, *rows]:
         cells = [
-            str(cell).rjust(widths[i]) if i in right else str(cell).ljust(widths[i]) for i, cell in enumerate(row)
+            str(cell).rjust(widths[i]) if i in right else str(cell).ljust(widths[i])
+            for i, cell in enumerate(row)
         ]
         lines.append("  ".join(cells).rstrip())
     return lines
