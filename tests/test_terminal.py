@@ -229,6 +229,20 @@ def test_failures_lists_the_newest_first_with_their_error_and_filters_by_queue_a
     assert data[0]["error"] == "builtins.ConnectionRefusedError" and "Traceback" in data[0]["traceback"]
 
 
+def test_failures_with_long_ids_put_each_message_on_a_line_of_its_own():
+    board = JobBoard.objects.create_board("t-builds")
+    job = trashed_job(board)
+    fail("job", "t-builds", job.uuid, "the compiler ran out of memory " * 2, attempt=3)
+
+    run = taskloop("failures", "--queue", "t-builds")
+
+    assert run.returncode == 0, run.stderr
+    header, line, message = run.stdout.splitlines()
+    assert header.split() == ["WHEN", "QUEUE", "ITEM", "TRY", "ERROR"]
+    assert f"t-builds  {job.uuid}    3  ConnectionRefusedError" in line
+    assert message == "    " + ("the compiler ran out of memory " * 2).strip()
+
+
 def test_failures_refuses_a_bad_since_and_an_unknown_queue():
     refused(taskloop("failures", "--since", "yesterday"), "--since takes a duration")
     refused(taskloop("failures", "--queue", "t-nope"), "no queue named 't-nope'")

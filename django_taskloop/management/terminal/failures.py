@@ -22,6 +22,8 @@ __all__ = ["failures", "failures_lines", "failures_json"]
 
 #: Width of the table on a 100-column terminal; the message takes what the others leave.
 WIDTH = 100
+#: The narrowest message column worth having; below it the message gets a line of its own.
+MIN_MESSAGE = 30
 
 
 def failures(queue: Queue | None, since: float | None, limit: int) -> QuerySet[Failure]:
@@ -57,10 +59,16 @@ def failures_lines(found: list[Failure], *, tracebacks: bool = False) -> list[st
         )
     header = ["WHEN", "QUEUE", "ITEM", "TRY", "ERROR", "MESSAGE"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
-    room = max(20, WIDTH - sum(widths) - 2 * 5)
-    lines = table(
-        header, [[*row, clip(f.message, room)] for row, f in zip(rows, found, strict=True)], right=[3]
-    )
+    room = WIDTH - sum(widths) - 2 * 5
+    if room >= MIN_MESSAGE:
+        cells = [[*row, clip(f.message, room)] for row, f in zip(rows, found, strict=True)]
+        lines = table(header, cells, right=[3])
+    else:
+        # Long ids leave the message too little room: it goes on a line of its own, indented.
+        body = table(header[:-1], rows, right=[3])
+        lines = body[:1]
+        for line, f in zip(body[1:], found, strict=True):
+            lines += [line, "    " + clip(f.message, WIDTH - 4)]
     if tracebacks:
         for row, f in zip(rows, found, strict=True):
             lines += [
