@@ -193,6 +193,14 @@ def test_watch_on_a_terminal_clears_the_screen_and_stops_on_ctrl_c():
         assert chunk, seen
         seen += chunk
     watcher.send_signal(signal.SIGINT)
+    # Read on until the watcher closes the terminal: a full terminal buffer would block its write.
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the watcher is gone
+            break
+        if not chunk:
+            break
     _out, err = watcher.communicate(timeout=60)
     os.close(leader)
     assert watcher.returncode == 0, err
@@ -438,3 +446,46 @@ def test_prune_needs_an_explicit_age():
     assert run.stderr.count("\n") == 1
     refused(taskloop("prune", "--older-than", "soon"), "--older-than takes a duration")
     assert Failure.objects.count() == 1
+
+
+# -- the documented examples -----------------------------------------------------------------------
+
+DOCS = ROOT / "docs" / "operating.md"
+EXAMPLE = re.compile(r"<!-- terminal-example -->\n```console\n(.*?)```", re.S)
+#: Outputs that do not depend on the moment or on ids: compared as written.
+EXACT = ("pause", "resume", "prune")
+
+
+def documented() -> list[tuple[list[str], list[str]]]:
+    """Return ``(arguments, output lines)`` of every example command in docs/operating.md."""
+    examples = []
+    for block in EXAMPLE.findall(DOCS.read_text()):
+        for chunk in block.split("$ python manage.py taskloop ")[1:]:
+            command, *output = chunk.rstrip("\n").split("\n")
+            examples.append((command.split(), output))
+    return examples
+
+
+def test_the_documented_examples_run_as_written():
+    """The examples without ids (those with ids are the retry tests above): each exits 0 on the
+    queues the docs name; pause, resume and prune print what the docs say, the tables their
+    documented columns. ``--watch`` runs until stopped: its own tests above."""
+    tube, _ = buried_tube("emails")
+    fail("task", "emails", 1)
+    board = JobBoard.objects.create_board("builds")
+    fail("job", "builds", trashed_job(board).uuid)
+    Tube.objects.create_tube("tasks.default", "fifottl")
+    examples = documented()
+    assert len(examples) >= 8, examples
+
+    for args, output in examples:
+        if "--watch" in args:
+            continue
+        run = taskloop(*args)
+        assert run.returncode == 0, (args, run.stderr)
+        if args[0] in EXACT:
+            assert run.stdout.splitlines() == output, args
+        elif output:
+            assert run.stdout.splitlines()[0].split() == output[0].split(), args
+        if "--json" in args:
+            assert json.loads(run.stdout)
