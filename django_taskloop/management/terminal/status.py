@@ -130,11 +130,13 @@ CLEAR = "\x1b[H\x1b[2J"
 
 
 def watch(every: float, draw: Callable[[], str], out: TextIOBase, *, tty: bool) -> None:
-    """Write ``draw()`` every ``every`` seconds until SIGINT or SIGTERM; in place on a tty,
-    as blocks one after another (a blank line between) otherwise."""
+    """Write ``draw()`` every ``every`` seconds until SIGINT or SIGTERM (a second one ends a
+    refresh in the middle); in place on a tty, as blocks one after another otherwise."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
+        if stop.is_set():  # a second one: stop now, even in the middle of a slow read
+            raise SystemExit(128 + signum)
         stop.set()
 
     previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
