@@ -20,6 +20,7 @@ import pytest
 from django.db import connections
 
 from django_taskloop import engine
+from django_taskloop.management.terminal import status as terminal_status
 from django_taskloop.models import ConsumedJob, Failure, Job, JobBoard, Task, TaskRecord, Tube, WorkerProcess
 from django_taskloop.testing import run_queued
 from tests.testapp.models import IntLoop
@@ -139,6 +140,17 @@ def test_status_names_a_django_tasks_queue_by_its_django_name_and_reads_json():
     only = taskloop("status", "slow")
     assert only.returncode == 0, only.stderr
     assert row(only.stdout, "slow")[1] == "1" and "tasks.slow" not in only.stdout
+
+
+def test_status_counts_each_state_up_to_a_cap_and_exact_counts_all(monkeypatch):
+    buried_tube(ready=3)
+    monkeypatch.setattr(terminal_status, "COUNT_CAP", 2)
+
+    assert row(terminal_status.render([], False), "t-emails")[1:5] == ["2+", "0", "0", "1"]
+    (queue,) = [q for q in json.loads(terminal_status.render([], True))["queues"] if q["name"] == "t-emails"]
+    assert queue["capped"] == ["ready"] and queue["counts"]["ready"] == 2
+    assert row(terminal_status.render([], False, exact=True), "t-emails")[1] == "3"
+    assert row(taskloop("status", "--exact").stdout, "t-emails")[1] == "3"
 
 
 def test_status_of_an_unknown_queue_is_one_line_and_status_2():

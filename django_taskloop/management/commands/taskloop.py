@@ -30,6 +30,11 @@ def _status_parser(sub: Any) -> None:
         "--json", action="store_true", help="One JSON document (with --watch: one line each time)."
     )
     p.add_argument(
+        "--exact",
+        action="store_true",
+        help=f"Count every row (default: each state up to {status.COUNT_CAP:,}, shown as {status.COUNT_CAP}+).",
+    )
+    p.add_argument(
         "--watch",
         nargs="?",
         type=float,
@@ -95,15 +100,19 @@ class Command(BaseCommand):
         for line in [lines] if isinstance(lines, str) else lines:
             self.stdout.write(line)
 
-    def do_status(self, *, queues: list[str], json: bool, watch: float | None, **options: Any) -> None:
+    def do_status(
+        self, *, queues: list[str], json: bool, exact: bool, watch: float | None, **options: Any
+    ) -> None:
         wanted = [resolve(name) for name in queues]
         if watch is None:
-            self.say(status.render(wanted, json))
+            self.say(status.render(wanted, json, exact=exact))
             return
         if not watch > 0:
             raise BadInput(f"--watch takes a positive number of seconds, not {watch:g}")
         tty = self.stdout.isatty() and not json
-        status.watch(watch, lambda: status.render(wanted, json, indent=None), self.stdout, tty=tty)
+        status.watch(
+            watch, lambda: status.render(wanted, json, exact=exact, indent=None), self.stdout, tty=tty
+        )
 
     def do_failures(
         self,

@@ -40,10 +40,15 @@ SECTIONS = (
 )
 
 
-def summaries(queues: Iterable[Queue] = ()) -> list[QueueSummary]:
-    """Return the summary of every queue (exact counts), or only of ``queues``."""
+#: Each state of each queue is counted up to this many rows (shown ``100000+``), so that a
+#: watched status stays cheap on tables of millions; ``--exact`` counts them all.
+COUNT_CAP = 100_000
+
+
+def summaries(queues: Iterable[Queue] = (), *, cap: int | None = COUNT_CAP) -> list[QueueSummary]:
+    """Return the summary of every queue, or only of ``queues`` (counts up to ``cap``)."""
     wanted = {(q.kind, q.name) for q in queues}
-    found = merge_django_tasks(queue_summaries())
+    found = merge_django_tasks(queue_summaries(cap=cap))
     return [s for s in found if not wanted or (s.kind, s.name) in wanted]
 
 
@@ -116,9 +121,9 @@ def status_json(
     return json.dumps({"queues": queues}, indent=indent)
 
 
-def render(queues: list[Queue], as_json: bool, *, indent: int | None = 2) -> str:
+def render(queues: list[Queue], as_json: bool, *, exact: bool = False, indent: int | None = 2) -> str:
     """Return the status of ``queues`` (every queue if empty), as text or JSON."""
-    found = summaries(queues)
+    found = summaries(queues, cap=None if exact else COUNT_CAP)
     serving = workers_serving()
     if as_json:
         return status_json(found, serving, indent=indent)
