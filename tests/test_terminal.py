@@ -7,6 +7,7 @@ changed and the error is one line on stderr, never a traceback).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
@@ -217,6 +218,27 @@ def test_watch_on_a_terminal_clears_the_screen_and_stops_on_ctrl_c():
     os.close(leader)
     assert watcher.returncode == 0, err
     assert b"Traceback" not in err and b"t-emails" in seen
+
+
+def test_watch_says_when_the_database_fails_and_reads_again():
+    calls = []
+
+    def draw() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT * FROM taskloop_no_such_table")
+        os.kill(os.getpid(), signal.SIGTERM)  # the watch's own handler: stop after this one
+        return terminal_status.render([], False)
+
+    out = io.StringIO()
+    before = signal.getsignal(signal.SIGTERM)
+    terminal_status.watch(0.01, draw, out, tty=False)
+
+    first, second = out.getvalue().split("\n", 1)
+    assert first.startswith("Cannot read the queues: ") and "taskloop_no_such_table" in first
+    assert "queues (0 paused)" in second and len(calls) == 2
+    assert signal.getsignal(signal.SIGTERM) is before  # given back
 
 
 # -- failures --------------------------------------------------------------------------------------

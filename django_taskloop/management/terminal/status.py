@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from io import TextIOBase
 from typing import Any
 
+from django.db import DatabaseError, connections
+
 from django_taskloop.models import WorkerProcess
 from django_taskloop.stats import (
     DJANGO_TASK,
@@ -149,7 +151,12 @@ def watch(every: float, draw: Callable[[], str], out: TextIOBase, *, tty: bool) 
     try:
         first = True
         while not stop.is_set():
-            block = draw()
+            try:
+                block = draw()
+            except DatabaseError as error:
+                # The database went away: say so and try again, as a dashboard would.
+                connections.close_all()
+                block = f"Cannot read the queues: {str(error).splitlines()[0] if str(error) else error!r}"
             out.write((CLEAR if tty else "" if first else "\n") + block + "\n")
             out.flush()
             first = False
