@@ -58,7 +58,7 @@ def _change_parsers(sub: Any) -> None:
         "retry",
         help="Kick buried tube tasks, re-post trashed jobs, bump loop ids, retry FAILED Django Tasks.",
     )
-    p.add_argument("queue", metavar="QUEUE")
+    p.add_argument("queue", metavar="QUEUE", help="The queue: its name, or kind:name.")
     p.add_argument("ids", nargs="*", metavar="ID", help="Task ids, job uuids, loop ids or result ids.")
     p.add_argument("--all", action="store_true", dest="every", help="Every failed item of QUEUE.")
     for verb, says in (("pause", "Workers leave these queues alone"), ("resume", "Workers serve them again")):
