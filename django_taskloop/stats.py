@@ -30,6 +30,7 @@ from .models import (
     TaskLoop,
     TaskLoopQuerySet,
     Tube,
+    WorkerProcess,
 )
 from .models.operating import TASKS_TUBE_PREFIXES as _TASKS_TUBE_PREFIXES
 from .models.tubes import TASK_STATES
@@ -54,6 +55,7 @@ __all__ = [
     "loop_summary",
     "queue_summaries",
     "tube_summary",
+    "workers_serving",
 ]
 
 JOB_STATES: tuple[str, ...] = JobQuerySet.STATES
@@ -395,3 +397,18 @@ def merge_django_tasks(summaries: Iterable[QueueSummary]) -> list[QueueSummary]:
             tubes=(tube, *first.tubes) if plain else (*first.tubes, tube),
         )
     return merged
+
+
+def workers_serving() -> dict[tuple[str, str], int]:
+    """Return ``{(kind, queue): live worker processes serving it}``, a Django Tasks queue once
+    under ``(DJANGO_TASK, its Django name)`` (a process serving both its tubes counts once)."""
+    serving: dict[tuple[str, str], int] = {}
+    for queues in WorkerProcess.objects.alive().values_list("queues", flat=True):
+        keys = set()
+        for name in queues or []:
+            kind, _sep, queue = name.partition(":")
+            tasks = django_tasks_queue(queue) if kind == "task" else None
+            keys.add((DJANGO_TASK, tasks) if tasks is not None else (kind, queue))
+        for key in keys:
+            serving[key] = serving.get(key, 0) + 1
+    return serving

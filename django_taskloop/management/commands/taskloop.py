@@ -1,0 +1,147 @@
+"""``manage.py taskloop``: the operator's terminal (status, failures, retry, pause, resume, prune)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_taskloop.management.terminal import actions, failures, status
+from django_taskloop.management.terminal.queues import resolve
+from django_taskloop.management.terminal.text import BadInput, parse_duration
+
+#: Seconds between two refreshes of ``status --watch`` when none is given.
+WATCH_EVERY = 2.0
+
+
+class OneLineParser(CommandParser):
+    """A subcommand's parser whose usage errors are one line (and exit status 2)."""
+
+    def error(self, message: str) -> Any:
+        if self.called_from_command_line:
+            self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise CommandError(f"Error: {message}", returncode=2)
+
+
+def _status_parser(sub: Any) -> None:
+    p = sub.add_parser("status", help="Every queue: counts by state, oldest ready wait, failures, workers.")
+    p.add_argument("queues", nargs="*", metavar="QUEUE", help="Only these queues (name or kind:name).")
+    p.add_argument(
+        "--json", action="store_true", help="One JSON document (with --watch: one line each time)."
+    )
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help=f"Count every row (default: each state up to {status.COUNT_CAP:,}, shown as {status.COUNT_CAP}+).",
+    )
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=WATCH_EVERY,
+        metavar="SECONDS",
+        help=f"Refresh every SECONDS (default {WATCH_EVERY:g}) until Ctrl-C.",
+    )
+
+
+def _failures_parser(sub: Any) -> None:
+    p = sub.add_parser("failures", help="The latest failures with their error, newest first.")
+    p.add_argument("--queue", metavar="QUEUE", help="Only this queue's (name or kind:name).")
+    p.add_argument("--since", metavar="DURATION", help="Only those of the last DURATION (90s, 5m, 2h, 7d).")
+    p.add_argument("--limit", type=int, default=20, metavar="N", help="At most N (default 20).")
+    p.add_argument("--traceback", action="store_true", dest="tracebacks", help="Show each one's traceback.")
+    p.add_argument("--json", action="store_true", help="One JSON document, tracebacks included.")
+
+
+def _change_parsers(sub: Any) -> None:
+    p = sub.add_parser(
+        "retry",
+        help="Kick buried tube tasks, re-post trashed jobs, bump loop ids, retry FAILED Django Tasks.",
+    )
+    p.add_argument("queue", metavar="QUEUE", help="The queue: its name, or kind:name.")
+    p.add_argument("ids", nargs="*", metavar="ID", help="Task ids, job uuids, loop ids or result ids.")
+    p.add_argument("--all", action="store_true", dest="every", help="Every failed item of QUEUE.")
+    for verb, says in (("pause", "Workers leave these queues alone"), ("resume", "Workers serve them again")):
+        q = sub.add_parser(verb, help=f"{says}.")
+        q.add_argument("queues", nargs="+", metavar="QUEUE")
+    p = sub.add_parser(
+        "prune", help="Delete old failures, finished Django Task results, consumed jobs' history."
+    )
+    p.add_argument(
+        "--older-than", required=True, metavar="DURATION", help="Only rows older than this (90s, 5m, 2h, 7d)."
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=sorted(actions.PRUNABLE),
+        help="Only this kind of row (repeatable).",
+    )
+    p.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
+
+
+class Command(BaseCommand):
+    help = "See and steer the queues: status, failures, retry, pause, resume, prune."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(
+            dest="action", metavar="ACTION", required=True, parser_class=OneLineParser
+        )
+        _status_parser(sub)
+        _failures_parser(sub)
+        _change_parsers(sub)
+
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
+        try:
+            getattr(self, f"do_{action}")(**options)
+        except BadInput as error:
+            raise CommandError(str(error), returncode=2) from None
+
+    def say(self, lines: list[str] | str) -> None:
+        for line in [lines] if isinstance(lines, str) else lines:
+            self.stdout.write(line)
+
+    def do_status(
+        self, *, queues: list[str], json: bool, exact: bool, watch: float | None, **options: Any
+    ) -> None:
+        wanted = [resolve(name) for name in queues]
+        if watch is None:
+            self.say(status.render(wanted, json, exact=exact))
+            return
+        if not watch > 0:
+            raise BadInput(f"--watch takes a positive number of seconds, not {watch:g}")
+        tty = self.stdout.isatty() and not json
+        status.watch(
+            watch, lambda: status.render(wanted, json, exact=exact, indent=None), self.stdout, tty=tty
+        )
+
+    def do_failures(
+        self,
+        *,
+        queue: str | None,
+        since: str | None,
+        limit: int,
+        tracebacks: bool,
+        json: bool,
+        **options: Any,
+    ) -> None:
+        if limit < 1:
+            raise BadInput(f"--limit takes a positive number, not {limit}")
+        where = resolve(queue) if queue is not None else None
+        seconds = parse_duration(since, "--since") if since is not None else None
+        found = list(failures.failures(where, seconds, limit))
+        self.say(
+            failures.failures_json(found) if json else failures.failures_lines(found, tracebacks=tracebacks)
+        )
+
+    def do_retry(self, *, queue: str, ids: list[str], every: bool, **options: Any) -> None:
+        self.say(actions.retry(resolve(queue), ids, every))
+
+    def do_pause(self, *, queues: list[str], **options: Any) -> None:
+        self.say([actions.pause(q) for q in [resolve(name) for name in queues]])
+
+    def do_resume(self, *, queues: list[str], **options: Any) -> None:
+        self.say([actions.resume(q) for q in [resolve(name) for name in queues]])
+
+    def do_prune(self, *, older_than: str, only: list[str] | None, dry_run: bool, **options: Any) -> None:
+        seconds = parse_duration(older_than, "--older-than")
+        self.say(actions.prune(seconds, list(dict.fromkeys(only or actions.PRUNABLE)), dry_run))

@@ -1,0 +1,166 @@
+"""``taskloop status``: every queue's counts by state, oldest wait, pause, failures, workers.
+
+Read from the read model (:func:`django_taskloop.stats.queue_summaries`, Django Tasks queues
+merged under their Django names), as the admin's dashboard and the metrics are. One table per
+kind of queue, each with that kind's own states as columns.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from io import TextIOBase
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+from django_taskloop.models import WorkerProcess
+from django_taskloop.stats import (
+    DJANGO_TASK,
+    JOB_STATES,
+    LOOP_STATES,
+    TASK_STATES,
+    QueueSummary,
+    merge_django_tasks,
+    queue_summaries,
+    workers_serving,
+)
+
+from .queues import Queue
+from .text import duration, plural, table
+
+__all__ = ["status_lines", "status_json", "summaries", "watch"]
+
+#: The tables, in order: (kind, title, states as columns).
+SECTIONS = (
+    ("task", "Tubes", TASK_STATES),
+    (DJANGO_TASK, "Django Tasks queues", TASK_STATES),
+    ("job", "Job boards", JOB_STATES),
+    ("loop", "Loops", LOOP_STATES),
+)
+
+
+#: Each state of each queue is counted up to this many rows (shown ``100000+``), so that a
+#: watched status stays cheap on tables of millions; ``--exact`` counts them all.
+COUNT_CAP = 100_000
+
+
+def summaries(queues: Iterable[Queue] = (), *, cap: int | None = COUNT_CAP) -> list[QueueSummary]:
+    """Return the summary of every queue, or only of ``queues`` (counts up to ``cap``)."""
+    wanted = {(q.kind, q.name) for q in queues}
+    found = merge_django_tasks(queue_summaries(cap=cap))
+    return [s for s in found if not wanted or (s.kind, s.name) in wanted]
+
+
+def _count(summary: QueueSummary, state: str) -> str:
+    n = summary.counts.get(state, 0)
+    return f"{n}+" if state in summary.capped else str(n)
+
+
+def _row(summary: QueueSummary, states: tuple[str, ...], workers: int) -> list[str]:
+    return [
+        summary.name,
+        *(_count(summary, state) for state in states),
+        duration(summary.oldest_ready) if summary.oldest_ready is not None else "—",
+        str(summary.failures_last_hour),
+        str(workers),
+        "paused" if summary.paused else "running",
+    ]
+
+
+def status_lines(found: list[QueueSummary], serving: dict[tuple[str, str], int]) -> list[str]:
+    """Return the status tables of ``found`` (``serving``: live workers per queue)."""
+    if not found:
+        return ["No queues yet: no tube, job board, Django Tasks queue or loop model."]
+    lines: list[str] = []
+    # One width for the name column of every table, so that the tables line up.
+    width = max(len(s.name) for s in found)
+    for kind, title, states in SECTIONS:
+        mine = [s for s in found if s.kind == kind]
+        if not mine:
+            continue
+        header = [title.upper().ljust(width), *(s.upper().replace("_", " ") for s in states)]
+        header += ["OLDEST READY", "FAILED 1H", "WORKERS", "STATE"]
+        rows = [_row(s, states, serving.get((s.kind, s.name), 0)) for s in mine]
+        numbers = range(1, len(header) - 1)
+        if lines:
+            lines.append("")
+        lines += table(header, rows, right=numbers)
+    paused = sum(1 for s in found if s.paused)
+    failed = sum(s.failures_last_hour for s in found)
+    alive = WorkerProcess.objects.alive().count()
+    lines += [
+        "",
+        f"{plural(len(found), 'queue')} ({paused} paused), {plural(failed, 'failure')} in the last hour, "
+        f"{plural(alive, 'live worker process', 'live worker processes')}; at {found[0].now:%Y-%m-%d %H:%M:%S %Z}",
+    ]
+    return lines
+
+
+def _as_json(summary: QueueSummary, workers: int) -> dict[str, Any]:
+    return {
+        "kind": summary.kind,
+        "name": summary.name,
+        "using": summary.using,
+        "counts": summary.counts,
+        "capped": sorted(summary.capped),
+        "oldest_ready_seconds": summary.oldest_ready,
+        "paused": summary.paused,
+        "failures_last_hour": summary.failures_last_hour,
+        "workers": workers,
+        "tubes": [tube.name for tube in summary.tubes],
+        "now": summary.now.isoformat(),
+    }
+
+
+def status_json(
+    found: list[QueueSummary], serving: dict[tuple[str, str], int], *, indent: int | None = 2
+) -> str:
+    """Return the status of ``found`` as JSON: ``{"queues": [...]}``."""
+    queues = [_as_json(s, serving.get((s.kind, s.name), 0)) for s in found]
+    return json.dumps({"queues": queues}, indent=indent)
+
+
+def render(queues: list[Queue], as_json: bool, *, exact: bool = False, indent: int | None = 2) -> str:
+    """Return the status of ``queues`` (every queue if empty), as text or JSON."""
+    found = summaries(queues, cap=None if exact else COUNT_CAP)
+    serving = workers_serving()
+    if as_json:
+        return status_json(found, serving, indent=indent)
+    return "\n".join(status_lines(found, serving))
+
+
+#: Clear the screen and go home: a watched status refreshes in place on a terminal.
+CLEAR = "\x1b[H\x1b[2J"
+
+
+def watch(every: float, draw: Callable[[], str], out: TextIOBase, *, tty: bool) -> None:
+    """Write ``draw()`` every ``every`` seconds until SIGINT or SIGTERM (a second one ends a
+    refresh in the middle); in place on a tty, as blocks one after another otherwise."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop.is_set():  # a second one: stop now, even in the middle of a slow read
+            raise SystemExit(128 + signum)
+        stop.set()
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        first = True
+        while not stop.is_set():
+            try:
+                block = draw()
+            except DatabaseError as error:
+                # The database went away: say so and try again, as a dashboard would.
+                connections.close_all()
+                block = f"Cannot read the queues: {str(error).splitlines()[0] if str(error) else error!r}"
+            out.write((CLEAR if tty else "" if first else "\n") + block + "\n")
+            out.flush()
+            first = False
+            stop.wait(every)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
