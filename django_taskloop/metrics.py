@@ -18,9 +18,8 @@ from django.http import HttpRequest, HttpResponse
 
 from .conf import setting
 from .health import database_cleanup
-from .models import WorkerProcess
 from .models.operating import throughput_totals
-from .stats import DJANGO_TASK, django_tasks_queue, merge_django_tasks, queue_summaries
+from .stats import DJANGO_TASK, django_tasks_queue, merge_django_tasks, queue_summaries, workers_serving
 
 __all__ = ["metrics", "render_metrics", "queue_gauges"]
 
@@ -91,11 +90,7 @@ def render_metrics() -> str:
         "# HELP taskloop_workers Live worker processes serving each queue.",
         "# TYPE taskloop_workers gauge",
     ]
-    serving: dict[tuple[str, str], int] = {}
-    for queues in WorkerProcess.objects.alive().values_list("queues", flat=True):
-        # A process that serves both tubes of a Django Tasks queue counts once for it.
-        for labels in {_labels(*name.partition(":")[::2]) for name in queues or []}:
-            serving[labels] = serving.get(labels, 0) + 1
+    serving = workers_serving()
     for (kind, queue), n in sorted(serving.items()):
         lines.append(_line("taskloop_workers", {"queue": queue, "kind": kind}, n))
     return "\n".join([*lines, *_cleanup_lines()]) + "\n"
