@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from .. import schedules, wakeup
+from .. import progress, schedules, wakeup
 from ..conf import setting
 from ..exceptions import DatabaseBusy
 from ..models import Failure, WorkerProcess
@@ -135,6 +135,8 @@ class Worker:
         self._parent = os.getppid() if supervised else None
         # Cron schedules (@periodic, TASKLOOP["SCHEDULE"]): claimed by the heartbeat thread.
         self.ticker = schedules.ticker() if schedule else None
+        # What the running handlers reported (progress.report): the heartbeat writes it.
+        self.progress = progress.Board(_progress_key)
 
     # Signals -----------------------------------------------------------------------------
 
@@ -451,7 +453,8 @@ class Worker:
         if name:
             logger.debug("%s: started", name)
         try:
-            driver.call(item)
+            with self.progress.running(driver, item):
+                driver.call(item)
         except StopNow:
             raise
         except FailedForGood as error:
@@ -738,6 +741,27 @@ class Worker:
                 logger.exception("could not record the throughput of %s", driver.describe_queue())
                 self._record_throughput(driver, done, failed, given_back)  # next time, then
 
+    def write_progress(self) -> None:
+        """Write what the handlers reported (at most once a second) and renew the leases of
+        the queues that reported, as a beat does."""
+        due = self.progress.due()
+        if due is None:
+            return
+        reports, drivers = due
+        entries = [
+            {"kind": kind, "queue": queue, "item": item, "fraction": r.fraction, "message": r.message}
+            for (kind, queue, item), r in reports.items()
+        ]
+        try:
+            WorkerProcess.objects.report_progress(self.identity, entries)
+            for driver in drivers:
+                with self.inflight_lock:
+                    held = [*self.inflight.get(driver, ()), *self.unsettled.get(driver, ())]
+                driver.renew(held)
+        except Exception:
+            self.progress.unwritten()
+            logger.exception("worker %s: could not write the progress of its handlers", self.identity)
+
     def _beat_as_process(self) -> None:
         """Say that this worker process is alive, what it serves and what it holds now."""
         with self.inflight_lock:
@@ -784,6 +808,7 @@ class Worker:
         if time.monotonic() >= chores.flush:
             chores.flush = time.monotonic() + THROUGHPUT_EVERY
             self._flush_throughput()
+            self.write_progress()
         if time.monotonic() >= chores.process:
             chores.process = time.monotonic() + self._process_pace()
             try:
@@ -881,6 +906,11 @@ def _outcome(error: FailedForGood) -> str:
         return f" {said}"
     found = re.search(r" failed( \(attempt .*)$", str(error))
     return found.group(1) if found else ""
+
+
+def _progress_key(driver: Driver, item: Any) -> tuple[str, str, str]:
+    """Name ``item`` in the progress store as its Failure rows do: ``(kind, queue, item)``."""
+    return (driver.queue_kind, driver.queue, driver.failure_item(item))
 
 
 def _count(n: int, noun: str) -> str:
