@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 __all__ = ["MAX_MESSAGE", "WRITE_EVERY", "Board", "Report", "areport", "report"]
 
@@ -29,6 +29,8 @@ MAX_MESSAGE = 200
 #: Fewest seconds between two progress writes of one worker process.
 WRITE_EVERY = 1.0
 
+#: What runs an item (the worker's driver): what its lease is renewed through.
+Owner = TypeVar("Owner", bound=Hashable)
 #: What names an item in the progress store: ``(kind, queue, item)`` as Failure rows name it.
 Key = tuple[str, str, str]
 
@@ -45,8 +47,8 @@ class Report:
 class _Running:
     """The item the current handler call works on, and the board of its worker."""
 
-    board: Board
-    owner: Hashable
+    board: Board[Any]
+    owner: Any
     item: Any
 
 
@@ -86,7 +88,7 @@ async def areport(fraction: float, message: str = "") -> bool:
     return report(fraction, message)
 
 
-class Board:
+class Board(Generic[Owner]):
     """What one worker process's handlers reported and its heartbeat has not written yet.
 
     ``key(owner, item)`` names an item ``(kind, queue, item)``; ``owner`` is what runs it
@@ -96,7 +98,7 @@ class Board:
 
     def __init__(
         self,
-        key: Callable[[Any, Any], Key],
+        key: Callable[[Owner, Any], Key],
         every: float = WRITE_EVERY,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -104,12 +106,12 @@ class Board:
         self._every = every
         self._clock = clock
         self._lock = threading.Lock()
-        self._reports: dict[Key, tuple[Hashable, Report]] = {}
+        self._reports: dict[Key, tuple[Owner, Report]] = {}
         self._changed = False
         self._written_at = -math.inf
 
     @contextmanager
-    def running(self, owner: Hashable, item: Any) -> Iterator[None]:
+    def running(self, owner: Owner, item: Any) -> Iterator[None]:
         """Let :func:`report` calls inside this block report on ``item`` (run by ``owner``)."""
         token = _running.set(_Running(self, owner, item))
         try:
@@ -118,14 +120,14 @@ class Board:
             _running.reset(token)
             self._forget(owner, item)
 
-    def note(self, owner: Hashable, item: Any, value: Report) -> None:
+    def note(self, owner: Owner, item: Any, value: Report) -> None:
         """Keep ``value`` as ``item``'s latest progress, for the next write."""
         key = self._key(owner, item)
         with self._lock:
             self._reports[key] = (owner, value)
             self._changed = True
 
-    def _forget(self, owner: Hashable, item: Any) -> None:
+    def _forget(self, owner: Owner, item: Any) -> None:
         """Drop a finished item's progress (the next write removes it from the store)."""
         with self._lock:
             if not self._reports:
@@ -134,10 +136,10 @@ class Board:
             if self._reports.pop(key, None) is not None:
                 self._changed = True
 
-    def due(self) -> tuple[dict[Key, Report], set[Hashable]] | None:
-        """Return what to write now — every item's latest progress, and the owners that
-        reported since the last write — or None: nothing changed, or the last write was less
-        than ``every`` seconds ago. A write that fails is retried with :meth:`unwritten`."""
+    def due(self) -> tuple[dict[Key, Report], set[Owner]] | None:
+        """Return what to write now — the latest progress of every running item that reported,
+        and the owners that run them — or None: nothing changed, or the last write was less
+        than ``every`` seconds ago. A write that fails is retried after :meth:`unwritten`."""
         with self._lock:
             now = self._clock()
             if not self._changed or now - self._written_at < self._every:

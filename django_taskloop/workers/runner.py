@@ -136,7 +136,7 @@ class Worker:
         # Cron schedules (@periodic, TASKLOOP["SCHEDULE"]): claimed by the heartbeat thread.
         self.ticker = schedules.ticker() if schedule else None
         # What the running handlers reported (progress.report): the heartbeat writes it.
-        self.progress = progress.Board(_progress_key)
+        self.progress: progress.Board[Driver] = progress.Board(_progress_key)
 
     # Signals -----------------------------------------------------------------------------
 
