@@ -130,13 +130,13 @@ class Worker:
         # Done / failed / given back per driver, not yet written: the heartbeat thread writes
         # them once a second (THROUGHPUT_EVERY), off the batches' path.
         self.throughput: dict[Driver, list[int]] = {}
+        # What the running handlers reported (progress.report): the heartbeat writes it.
+        self.progress: progress.Board[Driver] = progress.Board(_progress_key)
         # A supervised child stops when its supervisor is gone (kill -9 of the supervisor);
         # a worker run on its own may well outlive the shell that started it.
         self._parent = os.getppid() if supervised else None
         # Cron schedules (@periodic, TASKLOOP["SCHEDULE"]): claimed by the heartbeat thread.
         self.ticker = schedules.ticker() if schedule else None
-        # What the running handlers reported (progress.report): the heartbeat writes it.
-        self.progress: progress.Board[Driver] = progress.Board(_progress_key)
 
     # Signals -----------------------------------------------------------------------------
 
