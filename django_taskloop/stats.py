@@ -43,6 +43,7 @@ __all__ = [
     "TASK_STATES",
     "DJANGO_TASK",
     "TASKS_TUBE_PREFIXES",
+    "ItemProgress",
     "QueueSummary",
     "django_tasks_queue",
     "merge_django_tasks",
@@ -56,7 +57,6 @@ __all__ = [
     "queue_summaries",
     "running_progress",
     "tube_summary",
-    "ItemProgress",
 ]
 
 JOB_STATES: tuple[str, ...] = JobQuerySet.STATES
