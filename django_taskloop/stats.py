@@ -43,6 +43,7 @@ __all__ = [
     "TASK_STATES",
     "DJANGO_TASK",
     "TASKS_TUBE_PREFIXES",
+    "ItemProgress",
     "QueueSummary",
     "django_tasks_queue",
     "merge_django_tasks",
@@ -54,6 +55,7 @@ __all__ = [
     "loop_models",
     "loop_summary",
     "queue_summaries",
+    "running_progress",
     "tube_summary",
     "workers_serving",
 ]
@@ -309,6 +311,58 @@ def failures_last_hour() -> dict[tuple[str, str], int]:
         .values_list("kind", "queue", "n")
     )
     return {(kind, queue): n for kind, queue, n in rows}
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemProgress:
+    """What a running handler last reported on its item (``django_taskloop.progress.report``)."""
+
+    #: ``"task"``, ``"job"`` or ``"loop"``, and the queue, as :class:`Failure` rows name them
+    #: (a Django Task: its tube's name, and its result id as the item).
+    kind: str
+    queue: str
+    item: str
+    #: From 0 to 1.
+    fraction: float
+    message: str
+    #: The worker process that runs it.
+    worker: str
+    #: When the worker last wrote its progress (the database's clock).
+    at: dt.datetime | None
+
+
+def running_progress(
+    kind: str | None = None,
+    queue: str | Sequence[str] | None = None,
+    item: Any = None,
+    *,
+    using: str = "default",
+) -> list[ItemProgress]:
+    """Return the progress reported on the items that live workers run now, by worker and
+    item; only those of ``kind``, of ``queue`` (a name or several) and ``item`` when given
+    (one item: a list of at most one). One read of the live workers' rows on ``using``."""
+    wanted = {
+        "kind": None if kind is None else {kind},
+        "queue": {queue} if isinstance(queue, str) else None if queue is None else set(queue),
+        "item": None if item is None else {str(item)},
+    }
+    rows = WorkerProcess.objects.db_manager(using).alive().order_by("identity")
+    found = []
+    for worker, at, entries in rows.values_list("identity", "progress_at", "progress"):
+        for entry in entries or ():
+            if all(values is None or entry.get(name) in values for name, values in wanted.items()):
+                found.append(
+                    ItemProgress(
+                        kind=entry["kind"],
+                        queue=entry["queue"],
+                        item=entry["item"],
+                        fraction=float(entry["fraction"]),
+                        message=entry.get("message", ""),
+                        worker=worker,
+                        at=None if at is None else engine.to_datetime(at),
+                    )
+                )
+    return found
 
 
 def queue_summaries(

@@ -26,6 +26,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / PACKAGE_NAME
 #: it, and it imports nothing but ``conf`` and ``engine``.
 FLOORS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("conf", "validation", "exceptions", "signals", "cron", "compat", "workers.runtime", "task_options")),
+    # What handlers call to report progress (django_taskloop.progress): imports nothing of ours.
+    (0, ("progress",)),
     (1, ("engine", "wakeup")),
     (2, ("models",)),
     (3, ("stats", "reaper", "health")),

@@ -32,7 +32,7 @@ from .base import (
     until_cell,
 )
 from .charts import bar_chart
-from .operating import failure_history, last_failure_note
+from .operating import failure_history, last_failure_note, progress_html
 
 __all__ = ["JobAdmin", "JobBoardAdmin", "JobStateFilter", "admin_identity"]
 
@@ -190,9 +190,10 @@ class JobAdmin(TaskloopModelAdmin):
         "reposted_as",
         "attempts",
         "failures",
+        "progress",
     )
     fieldsets = (
-        (None, {"fields": ("uuid", "board", "name", "job_state", "priority", "details")}),
+        (None, {"fields": ("uuid", "board", "name", "job_state", "progress", "priority", "details")}),
         (_("Claim"), {"fields": ("claimed_by", "claim_expires_at")}),
         (
             _("History"),
@@ -219,6 +220,10 @@ class JobAdmin(TaskloopModelAdmin):
     @admin.display(description=_("attempts and failures"))
     def failures(self, obj: Job) -> str:
         return failure_history(obj, self.admin_site.name)
+
+    @admin.display(description=_("progress"))
+    def progress(self, obj: Job) -> str:
+        return progress_html("job", obj.board.name, obj.uuid)
 
     action_form = type(
         "JobActionForm",

@@ -31,7 +31,7 @@ from .base import (
     until_cell,
 )
 from .charts import bar_chart
-from .operating import failure_history
+from .operating import failure_history, progress_html
 from .paginator import EstimatedCountPaginator
 
 if TYPE_CHECKING:
@@ -155,7 +155,12 @@ class TaskLoopAdmin(TaskloopModelAdmin):
         return False
 
     def get_readonly_fields(self, request: HttpRequest, obj: TaskLoop | None = None) -> list[str]:
-        return [field.name for field in self.model._meta.fields] + ["loop_state", "lock_ends", "failures"]
+        return [field.name for field in self.model._meta.fields] + [
+            "loop_state",
+            "lock_ends",
+            "progress",
+            "failures",
+        ]
 
     def get_paused_note(self, request: HttpRequest) -> str | None:
         if self.model._default_manager.paused():
@@ -172,6 +177,10 @@ class TaskLoopAdmin(TaskloopModelAdmin):
     @admin.display(description=_("attempts and failures"))
     def failures(self, obj: TaskLoop) -> str:
         return failure_history((type(obj), obj.pk), self.admin_site.name)
+
+    @admin.display(description=_("progress"))
+    def progress(self, obj: TaskLoop) -> str:
+        return progress_html("loop", type(obj)._meta.label_lower, obj.pk)
 
     @admin.display(description=_("id"), ordering="pk")
     def pk_display(self, obj: TaskLoop) -> object:

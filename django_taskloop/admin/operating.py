@@ -5,7 +5,8 @@
   (:func:`failure_history`). A Django Task's failures are named by its result (the item is the
   result id, whichever tube task brought each attempt), under its queue's Django name, and
   link to the result's page.
-- Workers: the worker processes alive now, on which host, since when, what each holds.
+- Workers: the worker processes alive now, on which host, since when, what each holds, and
+  the progress their running handlers reported (:func:`progress_html`, also on items' pages).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
@@ -24,10 +26,18 @@ from ..backends import short_result_id
 from ..engine import db_now
 from ..models import Failure, Job, JobBoard, Task, TaskRecord, Tube, WorkerProcess
 from ..reaper import loop_models
-from ..stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, django_tasks_queue
+from ..stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, django_tasks_queue, running_progress
 from .base import TaskloopAdminMixin, humanize_seconds, seconds_between
 
-__all__ = ["FailureAdmin", "WorkerProcessAdmin", "failure_history", "held_text", "register", "served_text"]
+__all__ = [
+    "FailureAdmin",
+    "WorkerProcessAdmin",
+    "failure_history",
+    "held_text",
+    "progress_html",
+    "register",
+    "served_text",
+]
 
 
 def _queue_title(name: str) -> str:
@@ -48,6 +58,26 @@ def held_text(holding: dict[str, int] | None) -> str:
     for name, n in (holding or {}).items():
         held[_queue_title(name)] = held.get(_queue_title(name), 0) + n
     return ", ".join(f"{n} of {queue}" for queue, n in held.items()) or "—"
+
+
+def _progress_bar(fraction: float, message: str) -> str:
+    """``[####    ] 40% copied 400 of 1000 files`` as HTML."""
+    return format_html(
+        '<progress max="1" value="{}"></progress> {}% {}', fraction, round(fraction * 100), message
+    )
+
+
+def progress_html(kind: str, queues: str | list[str], item: Any) -> str:
+    """Return what the handler running ``item`` reported (``—``: nothing, or not running)."""
+    found = running_progress(kind=kind, queue=queues, item=item)
+    return (
+        format_html_join(
+            mark_safe("<br>"),
+            "{} <small>({})</small>",
+            ((_progress_bar(p.fraction, p.message), p.worker) for p in found),
+        )
+        or "—"
+    )
 
 
 def failure_history(obj: Any, site_name: str = "admin") -> str:
@@ -274,7 +304,7 @@ def _item_url(failure: Failure, site_name: str) -> str | None:
 class WorkerProcessAdmin(admin.ModelAdmin):
     """The worker processes alive now: host, pid, since when, last heartbeat, what they hold."""
 
-    list_display = ("identity", "host", "pid", "up_for", "last_beat", "serves", "holds")
+    list_display = ("identity", "host", "pid", "up_for", "last_beat", "serves", "holds", "reported")
     ordering = ("host", "pid")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
@@ -307,6 +337,26 @@ class WorkerProcessAdmin(admin.ModelAdmin):
     @admin.display(description=_("holds now"))
     def holds(self, obj: WorkerProcess) -> str:
         return held_text(obj.holding)
+
+    @admin.display(description=_("progress"))
+    def reported(self, obj: WorkerProcess) -> str:
+        # What its running handlers reported: the row holds it, no query per worker.
+        entries = [entry for entry in obj.progress or () if isinstance(entry, dict)]
+        return (
+            format_html_join(
+                mark_safe("<br>"),
+                "{} {}: {}",
+                (
+                    (
+                        entry["kind"],
+                        f"{entry['item']} of {_queue_title(entry['kind'] + ':' + entry['queue'])}",
+                        _progress_bar(float(entry["fraction"]), entry.get("message", "")),
+                    )
+                    for entry in entries
+                ),
+            )
+            or "—"
+        )
 
 
 def register(site: admin.AdminSite) -> None:

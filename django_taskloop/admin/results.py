@@ -24,7 +24,9 @@ from django.utils.translation import gettext_lazy as _
 from ..backends import short_result_id, taskloop_backend, taskloop_backends, waiting_results
 from ..conf import setting
 from ..models import TaskRecord, TaskRecordStatus
+from ..stats import TASKS_TUBE_PREFIXES
 from .base import TaskloopAdminMixin, humanize_seconds, state_badge
+from .operating import progress_html
 
 __all__ = ["TaskRecordAdmin", "register"]
 
@@ -103,6 +105,7 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         "queue_name",
         "priority",
         "status_badge",
+        "progress",
         "args_block",
         "kwargs_block",
         "return_value_block",
@@ -173,6 +176,11 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     @admin.display(description=_("task"))
     def task_name(self, obj: TaskRecord) -> str:
         return format_html('<span title="{}">{}</span>', obj.task_path, obj.task_path.rsplit(".", 1)[-1])
+
+    @admin.display(description=_("progress"))
+    def progress(self, obj: TaskRecord) -> str:
+        # Reported by the handler running it now, in either tube of its queue.
+        return progress_html("task", [prefix + obj.queue_name for prefix in TASKS_TUBE_PREFIXES], obj.pk)
 
     @admin.display(description=_("status"))
     def status_badge(self, obj: TaskRecord) -> str:

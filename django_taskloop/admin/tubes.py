@@ -53,7 +53,7 @@ from .base import (
 )
 from .charts import bar_chart
 from .loops import STATE_COUNT_CAP
-from .operating import failure_history, last_failure_note
+from .operating import failure_history, last_failure_note, progress_html
 
 __all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "TubeUseFilter", "tube_overview"]
 
@@ -205,9 +205,10 @@ class TaskAdmin(TaskloopModelAdmin):
         "ttr",
         "attempts",
         "failures",
+        "progress",
     )
     fieldsets = (
-        (None, {"fields": ("id", "tube", "task_state", "utube", "pri", "data")}),
+        (None, {"fields": ("id", "tube", "task_state", "progress", "utube", "pri", "data")}),
         (_("Timers"), {"fields": ("owner", "created", "event_at", "ttl_at", "ttr")}),
         (_("Attempts and failures"), {"fields": ("attempts", "failures")}),
     )
@@ -313,6 +314,11 @@ class TaskAdmin(TaskloopModelAdmin):
             record = TaskRecord.objects.filter(pk=result_id).first()
             return failure_history(record, self.admin_site.name) if record is not None else "—"
         return failure_history(obj, self.admin_site.name)
+
+    @admin.display(description=_("progress"))
+    def progress(self, obj: Task) -> str:
+        # A Django Task's progress is named by its result id, as its failures are.
+        return progress_html("task", obj.tube.name, self._result_id(obj) or obj.pk)
 
     def delete_model(self, request: HttpRequest, obj: Task) -> None:
         # Through the tube: its events and its "delete" counter, as a worker's delete would.

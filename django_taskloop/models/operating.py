@@ -415,6 +415,24 @@ class WorkerProcessManager(models.Manager["WorkerProcess"]):
         except IntegrityError:
             engine.run_in_transaction(WorkerProcess, using, work)
 
+    def report_progress(self, identity: str, progress: list[dict[str, Any]]) -> int:
+        """Store what worker ``identity``'s running handlers reported (the whole list, one
+        ``UPDATE`` of its row); return 1, or 0 when the row is not there (yet)."""
+        using = self.db
+        entries = [
+            {**entry, "queue": _clean(str(entry["queue"])), "message": _clean(str(entry["message"]))}
+            for entry in progress
+        ]
+
+        def update() -> int:
+            return (
+                self.using(using)
+                .filter(identity=identity)
+                .update(progress=entries, progress_at=engine.DbNow())
+            )
+
+        return engine.run_in_transaction(WorkerProcess, using, update, alone=True)
+
     def gone(self, identity: str) -> None:
         """Forget worker ``identity`` (it stopped cleanly)."""
         self.filter(identity=identity).delete()
@@ -440,6 +458,11 @@ class WorkerProcess(models.Model):
     queues = models.JSONField(default=list)
     #: Items in hand per queue now: ``{"task:emails": 3}``.
     holding = models.JSONField(default=dict)
+    #: What its running handlers reported (:mod:`django_taskloop.progress`): ``[{"kind": "task",
+    #: "queue": "emails", "item": "42", "fraction": 0.4, "message": "…"}, …]``.
+    progress = models.JSONField(default=list, blank=True)
+    #: When ``progress`` was last written (``None``: never).
+    progress_at = models.DateTimeField(null=True, blank=True)
 
     objects = WorkerProcessManager()
 

@@ -341,7 +341,8 @@ class TubeDriver(Driver["Task"]):
         # every beat until a healthy worker lost a long task. A task with no ttr and no ttl
         # has no deadline to push. One statement for them all; tasks acked or released by the
         # main thread a moment ago are skipped.
-        elapsed = self.beat_every if since is None else max(self.beat_every, now - since)
+        # (Exactly the time since: a progress write renews between two beats, see runner.)
+        elapsed = self.beat_every if since is None else now - since
         timed = [task.id for task in items if task.event_at is not None or task.ttl_at is not None]
         self.tube.touch_many(timed, elapsed, consumer=self.identity)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from .. import schedules, wakeup
+from .. import progress, schedules, wakeup
 from ..conf import setting
 from ..exceptions import DatabaseBusy
 from ..health import CleanupWatch
@@ -132,6 +132,8 @@ class Worker:
         # Done / failed / given back per driver, not yet written: the heartbeat thread writes
         # them once a second (THROUGHPUT_EVERY), off the batches' path.
         self.throughput: dict[Driver, list[int]] = {}
+        # What the running handlers reported (progress.report): the heartbeat writes it.
+        self.progress: progress.Board[Driver] = progress.Board(_progress_key)
         # A supervised child stops when its supervisor is gone (kill -9 of the supervisor);
         # a worker run on its own may well outlive the shell that started it.
         self._parent = os.getppid() if supervised else None
@@ -454,7 +456,8 @@ class Worker:
         if name:
             logger.debug("%s: started", name)
         try:
-            driver.call(item)
+            with self.progress.running(driver, item):
+                driver.call(item)
         except StopNow:
             raise
         except FailedForGood as error:
@@ -741,6 +744,27 @@ class Worker:
                 logger.exception("could not record the throughput of %s", driver.describe_queue())
                 self._record_throughput(driver, done, failed, given_back)  # next time, then
 
+    def write_progress(self) -> None:
+        """Write what the handlers reported (at most once a second) and renew the leases of
+        the queues that reported, as a beat does."""
+        due = self.progress.due()
+        if due is None:
+            return
+        reports, drivers = due
+        entries = [
+            {"kind": kind, "queue": queue, "item": item, "fraction": r.fraction, "message": r.message}
+            for (kind, queue, item), r in reports.items()
+        ]
+        try:
+            WorkerProcess.objects.report_progress(self.identity, entries)
+            for driver in drivers:
+                with self.inflight_lock:
+                    held = [*self.inflight.get(driver, ()), *self.unsettled.get(driver, ())]
+                driver.renew(held)
+        except Exception:
+            self.progress.unwritten()
+            logger.exception("worker %s: could not write the progress of its handlers", self.identity)
+
     def _beat_as_process(self) -> None:
         """Say that this worker process is alive, what it serves and what it holds now."""
         with self.inflight_lock:
@@ -787,6 +811,7 @@ class Worker:
         if time.monotonic() >= chores.flush:
             chores.flush = time.monotonic() + THROUGHPUT_EVERY
             self._flush_throughput()
+            self.write_progress()
         if time.monotonic() >= chores.process:
             chores.process = time.monotonic() + self._process_pace()
             try:
@@ -900,6 +925,11 @@ def _outcome(error: FailedForGood) -> str:
         return f" {said}"
     found = re.search(r" failed( \(attempt .*)$", str(error))
     return found.group(1) if found else ""
+
+
+def _progress_key(driver: Driver, item: Any) -> tuple[str, str, str]:
+    """Name ``item`` in the progress store as its Failure rows do: ``(kind, queue, item)``."""
+    return (driver.queue_kind, driver.queue, driver.failure_item(item))
 
 
 def _count(n: int, noun: str) -> str:

@@ -154,3 +154,28 @@ async def fail_async(task: Any) -> None:
     """Raises after an await: retried and recorded like a sync handler's failure."""
     await asyncio.sleep(0.01)
     raise RuntimeError(f"async task {task.id} fails on purpose")
+
+
+# Progress (issue 29): long handlers that report until the test says to finish. Leases far
+# longer than the test (HEARTBEAT_INTERVAL 300 there): only a progress write renews them.
+
+
+@tube("p-tube", batch=1, ttr=900)
+def report_tube(task: Any) -> None:
+    from tests.progress_tasks import report_until_told
+
+    report_until_told("p-tube", task.id)
+
+
+@board("p-board", batch=1, expiry=900)
+def report_board(job: Any) -> None:
+    from tests.progress_tasks import report_until_told
+
+    report_until_told("p-board", job.uuid)
+
+
+@loop(WorkerLoop, batch=1, lock_for=900, name="p-loop")
+def report_loop(item_id: int) -> None:
+    from tests.progress_tasks import report_until_told
+
+    report_until_told("p-loop", item_id)
