@@ -25,7 +25,7 @@ from django_taskloop.workers.runner import Worker
 from tests.progress_tasks import along_task, finish, long_task
 from tests.testapp.models import WorkerLoop, WorkLog
 
-from .workers_util import start_workers, stop, wait_until
+from .workers_util import start_workers, stop, taskloop, wait_until
 
 
 def key(driver: Any, item: Any) -> tuple[str, str, str]:
@@ -269,6 +269,14 @@ def test_a_worker_shows_progress_renews_the_lease_and_drops_it_at_the_end(name, 
         assert '<progress max="1" value="' in page and "% step " in page, page
         workers = boss.get(reverse("admin:django_taskloop_workerprocess_changelist")).content.decode()
         assert f"{case.kind} {case.item} of " in workers and "% step " in workers, workers
+        # And in the terminal: `taskloop status` lists it, by the queue's shown name.
+        shown = "default" if case.queue == "tasks.default" else case.queue
+        status = taskloop("status").stdout
+        assert "IN PROGRESS" in status, status
+        [line] = [line for line in status.splitlines() if line.startswith(shown) and "% " in line]
+        assert case.item[:20] in line and "step " in line and first.worker in line, status
+        [entry] = json.loads(taskloop("status", "--json").stdout)["progress"]
+        assert (entry["queue"], entry["item"]) == (shown, case.item) and entry["message"].startswith("step ")
         finish(case.finish_key)
         wait_until(
             lambda: WorkLog.objects.filter(key=case.finish_key, phase="end").exclude(kind="progress-finish")

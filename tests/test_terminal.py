@@ -26,7 +26,7 @@ from django_taskloop.models import ConsumedJob, Failure, Job, JobBoard, Task, Ta
 from django_taskloop.testing import run_queued
 from tests.testapp.models import IntLoop
 
-from .workers_util import ROOT, child_env, explode
+from .workers_util import ROOT, child_env, explode, taskloop
 
 try:
     from django.tasks import TaskResultStatus
@@ -34,19 +34,6 @@ except ImportError:  # Django 5.2: the backport
     from django_tasks import TaskResultStatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def taskloop(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``manage.py taskloop ARGS`` on the test database; return what it did."""
-    connections.close_all()
-    return subprocess.run(
-        [sys.executable, "-m", "django", "taskloop", *args],
-        env=child_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def refused(run: subprocess.CompletedProcess[str], says: str) -> None:

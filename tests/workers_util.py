@@ -65,6 +65,19 @@ def run_workers(*args: str, timeout: float = 120, **env: str) -> subprocess.Comp
     )
 
 
+def taskloop(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``manage.py taskloop ARGS`` on the test database; return what it did."""
+    connections.close_all()
+    return subprocess.run(
+        [sys.executable, "-m", "django", "taskloop", *args],
+        env=child_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def stop_hard(worker: subprocess.Popen[str], timeout: float = 30) -> str:
     """Send SIGTERM, then SIGTERM again (the hard stop), and return the worker's output.
 

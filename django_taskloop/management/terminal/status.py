@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from io import TextIOBase
 from typing import Any
 
@@ -22,14 +22,17 @@ from django_taskloop.stats import (
     JOB_STATES,
     LOOP_STATES,
     TASK_STATES,
+    ItemProgress,
     QueueSummary,
+    django_tasks_queue,
     merge_django_tasks,
     queue_summaries,
+    running_progress,
     workers_serving,
 )
 
 from .queues import Queue
-from .text import duration, plural, table
+from .text import clip, duration, plural, table
 
 __all__ = ["status_lines", "status_json", "summaries", "watch"]
 
@@ -99,6 +102,31 @@ def status_lines(found: list[QueueSummary], serving: dict[tuple[str, str], int])
     return lines
 
 
+def _queue_of(entry: ItemProgress) -> tuple[str, str]:
+    """``(kind, queue)`` of a progress entry as the tables name it (a Django Tasks queue by its
+    Django name)."""
+    name = django_tasks_queue(entry.queue) if entry.kind == "task" else None
+    return (DJANGO_TASK, name) if name is not None else (entry.kind, entry.queue)
+
+
+def in_progress(found: list[QueueSummary]) -> list[ItemProgress]:
+    """What the handlers running now reported (``progress.report``), on the queues of ``found``."""
+    shown = {(s.kind, s.name) for s in found}
+    return [entry for entry in running_progress() if _queue_of(entry) in shown]
+
+
+def progress_lines(entries: list[ItemProgress]) -> list[str]:
+    """The "in progress" table: one row per running item that reported its progress."""
+    if not entries:
+        return []
+    header = ["IN PROGRESS", "ITEM", "DONE", "MESSAGE", "WORKER"]
+    rows = [
+        [_queue_of(e)[1], clip(e.item, 24), f"{e.fraction:.0%}", clip(e.message, 40), e.worker]
+        for e in entries
+    ]
+    return ["", *table(header, rows, right=[2])]
+
+
 def _as_json(summary: QueueSummary, workers: int) -> dict[str, Any]:
     return {
         "kind": summary.kind,
@@ -116,20 +144,37 @@ def _as_json(summary: QueueSummary, workers: int) -> dict[str, Any]:
 
 
 def status_json(
-    found: list[QueueSummary], serving: dict[tuple[str, str], int], *, indent: int | None = 2
+    found: list[QueueSummary],
+    serving: dict[tuple[str, str], int],
+    *,
+    indent: int | None = 2,
+    progress: Sequence[ItemProgress] = (),
 ) -> str:
-    """Return the status of ``found`` as JSON: ``{"queues": [...]}``."""
+    """Return the status of ``found`` as JSON: ``{"queues": [...], "progress": [...]}``."""
     queues = [_as_json(s, serving.get((s.kind, s.name), 0)) for s in found]
-    return json.dumps({"queues": queues}, indent=indent)
+    running = [
+        {
+            "kind": _queue_of(e)[0],
+            "queue": _queue_of(e)[1],
+            "item": e.item,
+            "fraction": e.fraction,
+            "message": e.message,
+            "worker": e.worker,
+            "at": None if e.at is None else e.at.isoformat(),
+        }
+        for e in progress
+    ]
+    return json.dumps({"queues": queues, "progress": running}, indent=indent)
 
 
 def render(queues: list[Queue], as_json: bool, *, exact: bool = False, indent: int | None = 2) -> str:
     """Return the status of ``queues`` (every queue if empty), as text or JSON."""
     found = summaries(queues, cap=None if exact else COUNT_CAP)
     serving = workers_serving()
+    running = in_progress(found)
     if as_json:
-        return status_json(found, serving, indent=indent)
-    return "\n".join(status_lines(found, serving))
+        return status_json(found, serving, indent=indent, progress=running)
+    return "\n".join([*status_lines(found, serving), *progress_lines(running)])
 
 
 #: Clear the screen and go home: a watched status refreshes in place on a terminal.
