@@ -30,7 +30,7 @@ os.environ.setdefault("BENCH_RECORD_DIR", "/tmp")
 import scenarios  # noqa: E402,F401  (sets Django up with the bench project)
 from django.db import connection, connections  # noqa: E402
 
-from django_taskloop.models import Tube  # noqa: E402
+from django_taskloop.models import Consumer, Tube  # noqa: E402
 
 
 def shapes(tube: Tube, ids: list[int]) -> dict[str, str]:
@@ -50,6 +50,10 @@ def shapes(tube: Tube, ids: list[int]) -> dict[str, str]:
             f"AND owner IN ({dead}) LIMIT 1"
         ),
         "dead-consumer look, now: consumers only": f"{dead} LIMIT 1001",
+        "idle poll's look, now: consumers first": (
+            f"SELECT CASE WHEN EXISTS({dead}) AND EXISTS(SELECT 1 FROM taskloop_task "
+            f"WHERE tube_id = {tube.pk} AND state = 't' AND owner IN ({dead})) THEN 'due' ELSE '' END"
+        ),
     }
 
 
@@ -78,6 +82,7 @@ def main() -> None:
         "held-horizon", "fifottl"
     )
     tube.truncate()
+    Consumer.objects.all().delete()  # no dead consumer left by earlier runs: the usual case
     for _ in range(0, args.tasks, 10_000):
         tube.put_many(list(range(10_000)))
     other = connections.create_connection("default")

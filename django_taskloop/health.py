@@ -88,8 +88,9 @@ class CleanupWatch:
         return float(setting("HORIZON_WARNING") or 0)
 
     def every(self) -> float:
-        """Seconds between two looks: often enough to warn within a fifth of the threshold."""
-        return min(60.0, max(1.0, self.threshold() / 5))
+        """Seconds between two looks (each one statement): the warning comes at most half the
+        threshold late."""
+        return min(60.0, max(1.0, self.threshold() / 2))
 
     def look(self) -> list[tuple[str, str]]:
         """Read each database once; return ``(level, message)`` lines to log (``"warning"`` or

@@ -5,7 +5,8 @@ held open elsewhere fills it with dead entries (118,000 buffers against 107 meas
   many ready, planners would otherwise read that range, and the acknowledgement cost more than
   the claim.
 - The once-a-second look for a dead consumer's tasks reads the consumers first, and looks at
-  the taken tasks only when one is dead (usually none is)."""
+  the taken tasks only when one is dead (usually none is): a take reads them on their own, an
+  idle poll asks first within its one statement."""
 
 from __future__ import annotations
 
@@ -119,17 +120,35 @@ def test_the_settle_still_checks_what_it_deletes(busy_tube):
 
 
 def test_no_dead_consumer_no_look_at_the_taken_tasks(busy_tube, settings):
+    """A take: the consumers are read first, on their own, and the taken tasks not at all."""
     settings.TASKLOOP = {**settings.TASKLOOP, "CONSUMER_TIMEOUT": 60}
     tube, taken = busy_tube
     tubes_base._stale_checks.clear()  # as if a second had passed since this process looked
     with CaptureQueriesContext(connection) as queries:
         tube.take_many(5, consumer="w1")
-    tubes_base._stale_checks.clear()
-    with CaptureQueriesContext(connection) as waiting:
-        assert worth_trying([tube]) == {tube.pk: "ready"}
-    seen = [q["sql"] for q in [*queries.captured_queries, *waiting.captured_queries]]
-    assert any("taskloop_consumer" in sql for sql in seen), seen  # it did look
+    seen = [q["sql"] for q in queries.captured_queries]
+    assert any("taskloop_consumer" in sql and "last_seen" in sql and "SELECT" in sql for sql in seen), seen
     assert not any("taskloop_consumer" in sql and "taskloop_task" in sql for sql in seen), seen
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="what runs: PostgreSQL's EXPLAIN ANALYZE")
+def test_an_idle_poll_looks_at_the_taken_tasks_only_past_a_dead_consumer(busy_tube, settings):
+    """The idle poll (one read for every tube) asks for a dead consumer first, in the same
+    statement: with none, the look at the taken tasks is never executed."""
+    settings.TASKLOOP = {**settings.TASKLOOP, "CONSUMER_TIMEOUT": 60}
+    tube, taken = busy_tube
+    tubes_base._stale_checks.clear()
+    with CaptureQueriesContext(connection) as queries:
+        assert worth_trying([tube]) == {tube.pk: "ready"}
+    (sql,) = [q["sql"] for q in queries.captured_queries if "taskloop_consumer" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, COSTS OFF) {sql}")
+        plan = [row[0] for row in cursor.fetchall()]
+    taken_scans = [line for line in plan if "'t'::text" in line or "= 't'" in line]
+    assert taken_scans, plan
+    # The node that reads the taken range, and what it sits under: never run.
+    at = next(i for i, line in enumerate(plan) if "Index Cond" in line and "'t'" in line)
+    assert "never executed" in plan[at - 1], "\n".join(plan)
 
 
 def test_a_dead_consumers_tasks_are_still_found(busy_tube, settings):

@@ -9,6 +9,7 @@ claim then walks them. These reads let the metrics, the dashboard and the worker
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -52,60 +53,69 @@ class Cleanup:
         return self.holder.seconds if self.holder is not None else 0.0
 
 
-#: The oldest other transaction of this database that holds a snapshot or a transaction id
-#: (so that VACUUM must keep what it may see). Backends of other databases hold back only
+#: One statement a look (a worker looks every few seconds: it must cost one round trip).
+#: PostgreSQL: the oldest other transaction of this database that holds a snapshot or a
+#: transaction id (so that VACUUM must keep what it may see), the oldest prepared transaction,
+#: and the dead row versions of the tables named. Backends of other databases hold back only
 #: shared catalogs, not our tables: they are left out.
-_PG_HOLDER = """
-SELECT EXTRACT(EPOCH FROM clock_timestamp() - xact_start), pid, COALESCE(usename, ''),
-       COALESCE(application_name, ''), COALESCE(state, ''), LEFT(COALESCE(query, ''), 200)
-FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
-  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
-ORDER BY xact_start LIMIT 1
-"""
-_PG_DEAD = "SELECT relname, n_dead_tup FROM pg_stat_user_tables WHERE relname = ANY(%s)"
-_PG_PREPARED = (
-    "SELECT EXTRACT(EPOCH FROM clock_timestamp() - prepared), owner, gid FROM pg_prepared_xacts "
-    "WHERE database = current_database() ORDER BY prepared LIMIT 1"
+_PG_CLEANUP = """
+WITH h AS (
+    SELECT EXTRACT(EPOCH FROM clock_timestamp() - xact_start) AS seconds, pid, COALESCE(usename, '') AS u,
+           COALESCE(application_name, '') AS app, COALESCE(state, '') AS state,
+           LEFT(COALESCE(query, ''), 200) AS query
+    FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+      AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+    ORDER BY xact_start LIMIT 1
+), p AS (
+    SELECT EXTRACT(EPOCH FROM clock_timestamp() - prepared) AS seconds, owner, gid
+    FROM pg_prepared_xacts WHERE database = current_database() ORDER BY prepared LIMIT 1
 )
-
-#: InnoDB's open transactions, oldest first (read-only ones too: their read views hold purge).
-#: INNODB_TRX is a copy refreshed at most every 0.1 s: the join leaves out connections gone since.
-_MYSQL_HOLDER = """
-SELECT TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) / 1e6, t.trx_mysql_thread_id,
-       p.USER, p.HOST, IF(p.COMMAND = 'Sleep', 'idle in transaction', LOWER(p.COMMAND)),
-       LEFT(COALESCE(t.trx_query, p.INFO, ''), 200)
-FROM information_schema.INNODB_TRX t
-JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
-WHERE t.trx_mysql_thread_id <> CONNECTION_ID()
-ORDER BY t.trx_started LIMIT 1
+SELECT h.seconds, h.pid, h.u, h.app, h.state, h.query, p.seconds, p.owner, p.gid,
+       (SELECT json_object_agg(relname, n_dead_tup) FROM pg_stat_user_tables WHERE relname = ANY(%s))
+FROM (SELECT 1) AS one LEFT JOIN h ON TRUE LEFT JOIN p ON TRUE
 """
-_MYSQL_BACKLOG = "SHOW GLOBAL STATUS LIKE 'Innodb_history_list_length'"
+
+#: MariaDB/MySQL: InnoDB's oldest open transaction (read-only ones too: their read views hold
+#: purge), and the purge backlog (the history list length). INNODB_TRX is a copy refreshed at
+#: most every 0.1 s: the join leaves out connections gone since.
+_MYSQL_CLEANUP = """
+SELECT h.seconds, h.pid, h.u, h.host, h.state, h.query,
+       (SELECT `COUNT` FROM information_schema.INNODB_METRICS WHERE NAME = 'trx_rseg_history_len')
+FROM (SELECT 1) AS one LEFT JOIN (
+    SELECT TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) / 1e6 AS seconds, t.trx_mysql_thread_id AS pid,
+           p.USER AS u, p.HOST AS host,
+           IF(p.COMMAND = 'Sleep', 'idle in transaction', LOWER(p.COMMAND)) AS state,
+           LEFT(COALESCE(t.trx_query, p.INFO, ''), 200) AS query
+    FROM information_schema.INNODB_TRX t
+    JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
+    WHERE t.trx_mysql_thread_id <> CONNECTION_ID()
+    ORDER BY t.trx_started LIMIT 1
+) AS h ON TRUE
+"""
 
 
 def cleanup(using: str, tables: Sequence[str] = ()) -> Cleanup | None:
-    """Read what holds back cleanup on database ``using``: the oldest other open transaction
-    and, for ``tables``, their dead row versions (PostgreSQL), or InnoDB's purge backlog.
-    ``None`` where the database keeps no old versions (SQLite)."""
+    """Read what holds back cleanup on database ``using``, in one statement: the oldest other
+    open transaction and, for ``tables``, their dead row versions (PostgreSQL), or InnoDB's
+    purge backlog. ``None`` where the database keeps no old versions (SQLite)."""
     connection = connections[using]
     vendor = connection.vendor
     if vendor not in ("postgresql", "mysql"):
         return None
     with connection.cursor() as cursor:
         if vendor == "postgresql":
-            cursor.execute(_PG_HOLDER)
-            holder = _holder(cursor.fetchone())
-            cursor.execute(_PG_PREPARED)
-            prepared = cursor.fetchone()
-            if prepared is not None and (holder is None or prepared[0] > holder.seconds):
-                holder = Holder(float(prepared[0]), 0, prepared[1], "", "prepared", prepared[2])
-            cursor.execute(_PG_DEAD, [list(tables)])
-            return Cleanup(vendor, holder, dead_rows={name: int(n) for name, n in cursor.fetchall()})
-        cursor.execute(_MYSQL_HOLDER)
-        holder = _holder(cursor.fetchone())
-        cursor.execute(_MYSQL_BACKLOG)
+            cursor.execute(_PG_CLEANUP, [list(tables)])
+            row = cursor.fetchone()
+            holder = _holder(row[:6])
+            if row[6] is not None and (holder is None or row[6] > holder.seconds):
+                holder = Holder(float(row[6]), 0, str(row[7]), "", "prepared", str(row[8]))
+            dead = row[9] if not isinstance(row[9], str) else json.loads(row[9])
+            return Cleanup(vendor, holder, dead_rows={name: int(n) for name, n in (dead or {}).items()})
+        cursor.execute(_MYSQL_CLEANUP)
         row = cursor.fetchone()
-        return Cleanup(vendor, holder, purge_backlog=int(row[1]) if row else None)
+        backlog = None if row[6] is None else int(row[6])
+        return Cleanup(vendor, _holder(row[:6]), purge_backlog=backlog)
 
 
 def _holder(row: Sequence[object] | None) -> Holder | None:

@@ -786,6 +786,7 @@ class Worker:
             reap=time.monotonic() + REAP_EVERY * random.uniform(0.5, 1.0),
             flush=time.monotonic() + THROUGHPUT_EVERY,
             tick=0.0 if self.ticker is not None and not self.burst else float("inf"),
+            cleanup=time.monotonic() + self.watch.every(),
         )
         try:
             while True:

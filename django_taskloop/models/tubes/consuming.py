@@ -58,10 +58,7 @@ def worth_trying(tubes: Sequence[TubeConsuming]) -> dict[int, str]:
         if now - _stale_checks.get(key, -math.inf) >= _STALE_CHECK_EVERY:
             _stale_checks[key] = now
             stale.add(tube.pk)
-    # Read once for all the tubes; usually none, and then no tube looks at its taken tasks.
-    dead = Consumer.objects.using(using).dead_names() if stale else []
-    for tube in tubes:
-        due, ready = tube._worth(dead if tube.pk in stale else [])
+        due, ready = tube._worth(tube.pk in stale)
         if due is not None:
             whens.append(When(due, then=Value("due")))
         whens.append(When(ready, then=Value("ready")))
@@ -155,17 +152,21 @@ class TubeConsuming(TubeBase):
             raise self._gone()
         return worth[self.pk]
 
-    def _worth(self, dead: Any) -> tuple[Q | None, Q]:
+    def _worth(self, stale: bool) -> tuple[Q | None, Q]:
         """On tube rows: this tube, not paused, with a transition due (a delay or ttr ran out;
-        one of the ``dead`` consumers holds a task; ``None`` if nothing can be); the same with
+        with ``stale``, a dead consumer holds a task; ``None`` if nothing can be); the same with
         something claimable."""
         tasks = Task.objects.filter(tube_id=self.pk)
-        due = []
+        due: list[Q | Exists] = []
         if self._has_ttl:
             # (What _tidy_for_take applies: a ready task past its ttl is not worth a take.)
             due.append(Exists(tasks.filter(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow())))
-        if not isinstance(dead, list) or dead:  # (a list of names, or the query of many)
-            due.append(Exists(tasks.filter(state=TAKEN, owner__in=dead)))
+        if stale:
+            # Consumers first: usually none is dead, and then the taken tasks are not looked at
+            # (a range that a transaction held open elsewhere fills with dead index entries).
+            # In the CASE of one read (see worth_trying), AND stops at the first false.
+            dead = Consumer.objects.dead()
+            due.append(Q(Exists(dead)) & Q(Exists(tasks.filter(state=TAKEN, owner__in=dead.values("name")))))
         paused = operating.PausedQueue.objects.filter(kind="task", queue=self.name)
         this = Q(pk=self.pk) & ~Q(Exists(paused))
         ready = this & Q(Exists(tasks.filter(self._claimable())))
