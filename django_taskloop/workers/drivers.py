@@ -208,7 +208,8 @@ class TubeDriver(Driver["Task"]):
 
     @property
     def using(self) -> str:
-        return self._tube.using if self._tube is not None else "default"
+        # Before prepare(): the database the tube is made on.
+        return self._tube.using if self._tube is not None else str(Tube.objects.db)
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
@@ -358,7 +359,8 @@ class BoardDriver(Driver["Job"]):
 
     @property
     def using(self) -> str:
-        return self._board.using if self._board is not None else "default"
+        # Before prepare(): the database the board is made on.
+        return self._board.using if self._board is not None else str(JobBoard.objects.db)
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)

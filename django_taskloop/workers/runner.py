@@ -33,6 +33,7 @@ from ..models.tubes import worth_trying
 from ..reaper import format_report, reap
 from . import FailedForGood, Handler, StopNow, get_handlers, inside_user_code
 from .drivers import Driver, TubeDriver, make_driver
+from .outage import NotMigrated, Outages, first_line, not_migrated
 from .supervisor import STOP_SIGNALS, Supervisor
 
 __all__ = ["Worker", "run_workers"]
@@ -135,6 +136,8 @@ class Worker:
         self._parent = os.getppid() if supervised else None
         # Cron schedules (@periodic, TASKLOOP["SCHEDULE"]): claimed by the heartbeat thread.
         self.ticker = schedules.ticker() if schedule else None
+        # The databases found down: the thread that met the outage says so, the others keep quiet.
+        self.outages = Outages()
 
     # Signals -----------------------------------------------------------------------------
 
@@ -194,7 +197,14 @@ class Worker:
 
     def run(self) -> int:
         """Work until stopped; return the process exit status (0 when all went well)."""
-        self._prepare()
+        while True:
+            try:
+                self._prepare()
+                break
+            except (DatabaseError, DatabaseBusy):
+                connections.close_all()
+                if not self.outages.wait(self._databases(), time.sleep, lambda: False):
+                    raise
         previous = self.install_signals()
         beating = threading.Event()
         heart = threading.Thread(
@@ -359,19 +369,37 @@ class Worker:
         return self._parent is not None and os.getppid() != self._parent
 
     def _database_error(self, errors: int) -> int:
-        """Log the database error being handled, reconnect, back off; re-raise when it persists.
+        """Deal with the database error being handled: wait out an outage (one line per try,
+        however long), else log it, reconnect and back off; re-raise when it persists.
 
         The database went away or stayed locked: what this worker held comes back when its
         lease ends, so going on after a reconnect loses nothing.
         """
+        connections.close_all()
+        if self.outages.wait(self._databases(), self.wake.wait, self._idle_over):
+            return 0  # it was down and is back (or a stop came): no error of ours to count
         errors += 1
         if errors >= MAX_CONSECUTIVE_ERRORS:
             raise
         logger.exception("worker %s: database error (%d in a row), retrying", self.identity, errors)
-        connections.close_all()
         # Jitter keeps workers that met the same outage from coming back in step.
         self.wake.wait(min(5.0, 0.1 * 2**errors) * random.uniform(0.5, 1.5))
         return errors
+
+    def _databases(self) -> list[str]:
+        """The aliases of the databases this worker's queues live on."""
+        return list(dict.fromkeys(driver.using for driver in self.drivers))
+
+    def _log_error(self, message: str, *args: Any) -> None:
+        """Log the error being handled after ``message``: a database error in one line (at
+        debug level while a database is known down: the outage's lines say it already),
+        anything else with its traceback."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, (DatabaseError, DatabaseBusy)):
+            logger.exception(message, *args)
+            return
+        level = logging.DEBUG if self.outages.any_down() else logging.WARNING
+        logger.log(level, message + ": %s", *args, first_line(error))
 
     def batch_size(self, driver: Driver) -> int:
         """Return how many items to claim for ``driver`` now: what fits the handler's
@@ -580,7 +608,7 @@ class Worker:
             try:
                 driver.give_back(items)
             except Exception:
-                logger.exception(
+                self._log_error(
                     "%s: could not give back %s at the stop",
                     driver.describe_queue(),
                     _count(len(items), driver.noun),
@@ -611,11 +639,10 @@ class Worker:
                 error = raised
                 self._keep(self.unsettled, driver, finished)
                 logger.warning(
-                    "%s: could not settle %s (%s: %s); settling them in the next round",
+                    "%s: could not settle %s (%s); settling them in the next round",
                     driver.describe_queue(),
                     _count(len(finished), f"finished {driver.noun}"),
-                    type(raised).__name__,
-                    raised,
+                    first_line(raised),
                 )
         if left:
             try:
@@ -640,11 +667,10 @@ class Worker:
             self._keep(self.unreturned, driver, items)
             if not quiet:
                 logger.warning(
-                    "%s: could not give back %s (%s: %s); trying again in the next round",
+                    "%s: could not give back %s (%s); trying again in the next round",
                     driver.describe_queue(),
                     _count(len(items), driver.noun),
-                    type(error).__name__,
-                    error,
+                    first_line(error),
                 )
             raise
 
@@ -682,7 +708,7 @@ class Worker:
                 self._settle_pending()
                 return
             except (DatabaseError, DatabaseBusy):
-                logger.exception(
+                self._log_error(
                     "worker %s: settling at stop failed (try %d of 3)", self.identity, attempt + 1
                 )
                 connections.close_all()
@@ -710,7 +736,7 @@ class Worker:
             )
         except Exception:
             # The failure is in the log anyway; losing its row must not stop the worker.
-            logger.exception("could not record the failure of %s", driver.describe(item))
+            self._log_error("could not record the failure of %s", driver.describe(item))
 
     def _record_throughput(self, driver: Driver, done: int, failed: int, given_back: int) -> None:
         """Count what a batch settled; :meth:`_flush_throughput` writes it."""
@@ -735,7 +761,7 @@ class Worker:
                     using=driver.using,
                 )
             except Exception:
-                logger.exception("could not record the throughput of %s", driver.describe_queue())
+                self._log_error("could not record the throughput of %s", driver.describe_queue())
                 self._record_throughput(driver, done, failed, given_back)  # next time, then
 
     def _beat_as_process(self) -> None:
@@ -789,7 +815,7 @@ class Worker:
             try:
                 self._beat_as_process()
             except Exception:
-                logger.exception("worker %s: heartbeat of the process failed", self.identity)
+                self._log_error("worker %s: heartbeat of the process failed", self.identity)
         if not self.burst and time.monotonic() >= chores.reap:
             chores.reap = time.monotonic() + REAP_EVERY * random.uniform(0.75, 1.25)
             self._reap()
@@ -811,7 +837,7 @@ class Worker:
             for line in format_report(reap()):
                 logger.debug("reaper: %s", line)
         except Exception:
-            logger.exception("periodic reap failed")
+            self._log_error("periodic reap failed")
 
     def _beat_drivers(self, due: dict[Driver, float]) -> None:
         """Renew the leases of each driver whose beat is ``due``, and beat it."""
@@ -831,14 +857,14 @@ class Worker:
                 driver.beat()
             except Exception:
                 # A missed beat is not fatal: the next one, or the lease, covers it.
-                logger.exception("heartbeat of %s failed", driver.describe_queue())
+                self._log_error("heartbeat of %s failed", driver.describe_queue())
 
     def _say_goodbye(self) -> None:
         """Remove this worker's process row (the dashboard's list of live workers)."""
         try:
             WorkerProcess.objects.gone(self.identity)
         except Exception:
-            logger.exception("worker %s: could not say goodbye", self.identity)
+            self._log_error("worker %s: could not say goodbye", self.identity)
 
     def _tick(self) -> float:
         """Claim the schedules' due ticks; return the seconds until the next look."""
@@ -847,7 +873,7 @@ class Worker:
         try:
             return self.ticker.tick()
         except Exception:
-            logger.exception("worker %s: schedules could not be read", self.identity)
+            self._log_error("worker %s: schedules could not be read", self.identity)
             return schedules.REFRESH
 
     def log_summary(self, elapsed: float) -> None:
@@ -914,6 +940,18 @@ def _child(names: list[str], burst: bool, schedule: bool = True) -> None:
     sys.exit(Worker(handlers, burst=burst, supervised=True, schedule=schedule).run())
 
 
+def _check_databases(handlers: Sequence[Handler]) -> None:
+    """Wait until the handlers' databases can be reached (one line per try); raise
+    :class:`NotMigrated` if one lacks the tables they need."""
+    drivers = [make_driver(handler, "") for handler in handlers]
+    aliases = list(dict.fromkeys(driver.using for driver in drivers))
+    Outages().wait(aliases, time.sleep, lambda: False)
+    apps = {"django_taskloop", *(driver.handler.target._meta.app_label for driver in drivers if driver.queue_kind == "loop")}
+    missing = not_migrated(aliases, apps)
+    if missing is not None:
+        raise NotMigrated(missing)
+
+
 def run_workers(
     only: Sequence[str] | None = None, *, processes: int = 1, burst: bool = False, schedule: bool = True
 ) -> int:
@@ -922,7 +960,8 @@ def run_workers(
 
     With one process the worker runs in this one. With more, this process supervises: it
     restarts a child that dies (``kill -9``, a crash) and passes signals on to the children.
-    Return the exit status.
+    Return the exit status. A database the handlers use that lacks their tables raises
+    :class:`~.outage.NotMigrated` before anything starts.
     """
     handlers = get_handlers(only)
     if schedule:
@@ -930,6 +969,7 @@ def run_workers(
     if not handlers:
         logger.warning("no handlers registered: nothing to do")
         return 0
+    _check_databases(handlers)
     logger.info(
         "starting %d worker process(es)%s for: %s",
         processes,

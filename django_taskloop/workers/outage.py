@@ -1,0 +1,134 @@
+"""What a worker says and does when a database cannot be reached or has no tables yet: one line
+per backoff step naming the alias and host until the database is back (then one line), and one
+line that says to run ``migrate`` instead of the traceback of the first missing table."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.db import DatabaseError, connections, router
+from django.db.migrations.executor import MigrationExecutor
+
+logger = logging.getLogger("django_taskloop.workers")
+
+__all__ = ["NotMigrated", "Outages", "describe", "first_line", "not_migrated", "unreachable"]
+
+#: Longest wait between two tries to reach a database that is down (seconds).
+LONGEST_STEP = 5.0
+
+
+class NotMigrated(Exception):
+    """A database the handlers use lacks migrations their tables need (``manage.py migrate``)."""
+
+
+def describe(alias: str) -> str:
+    """Name database ``alias`` with where it lives: ``'default' (db.example:5432)``."""
+    settings = connections[alias].settings_dict
+    if connections[alias].vendor == "sqlite":
+        where = str(settings.get("NAME"))
+    else:
+        host = settings.get("HOST") or "local socket"
+        where = f"{host}:{settings['PORT']}" if settings.get("PORT") else str(host)
+    return f"{alias!r} ({where})"
+
+
+def unreachable(alias: str) -> DatabaseError | None:
+    """Return the error of a fresh connection to ``alias`` if it cannot be made, else ``None``
+    (the connection is left open for the next use)."""
+    connection = connections[alias]
+    try:
+        if connection.connection is None or not connection.is_usable():
+            connection.close()
+            connection.ensure_connection()
+    except DatabaseError as error:
+        connection.close()
+        return error
+    return None
+
+
+def first_line(error: BaseException) -> str:
+    """Return ``Type: the first line of the message`` (drivers' errors run over several lines)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+class Outages:
+    """The databases this worker found down, shared by its threads: the thread that met the
+    outage waits it out and says so; the others keep quiet about what it already said."""
+
+    def __init__(self) -> None:
+        self.down: set[str] = set()
+        self.lock = threading.Lock()
+
+    def any_down(self) -> bool:
+        with self.lock:
+            return bool(self.down)
+
+    def find_down(self, aliases: Iterable[str]) -> tuple[str, DatabaseError] | None:
+        """Return the first of ``aliases`` that cannot be reached, with its error."""
+        for alias in dict.fromkeys(aliases):
+            error = unreachable(alias)
+            if error is not None:
+                return alias, error
+        return None
+
+    def wait(self, aliases: Iterable[str], pause: Callable[[float], Any], stop: Callable[[], bool]) -> bool:
+        """Wait until every one of ``aliases`` can be reached, trying again with a growing
+        delay (``pause(seconds)``) and one line per step; return ``False`` if nothing was down.
+        A ``stop()`` ends the wait early."""
+        aliases = list(aliases)
+        found = self.find_down(aliases)
+        if found is None:
+            return False
+        started, step = time.monotonic(), 0
+        while found is not None and not stop():
+            alias, error = found
+            with self.lock:
+                self.down.add(alias)
+            step += 1
+            # Jitter keeps the workers that met the same outage from coming back in step.
+            delay = min(LONGEST_STEP, 0.25 * 2**step) * random.uniform(0.8, 1.2)
+            logger.warning(
+                "database %s is unreachable (%s); trying again in %.1f s",
+                describe(alias),
+                first_line(error),
+                delay,
+            )
+            pause(delay)
+            back = self.find_down([alias])
+            if back is None:
+                self._back(alias, time.monotonic() - started)
+            found = back or self.find_down(aliases)
+        return True
+
+    def _back(self, alias: str, seconds: float) -> None:
+        with self.lock:
+            self.down.discard(alias)
+        logger.warning("database %s is back after %.0f s", describe(alias), seconds)
+
+
+def not_migrated(aliases: Iterable[str], apps: Iterable[str]) -> str | None:
+    """Return the line that says which of ``aliases`` lacks migrations of ``apps`` (the tables
+    the handlers need), or ``None`` when all are applied."""
+    wanted = set(apps)
+    for alias in dict.fromkeys(aliases):
+        executor = MigrationExecutor(connections[alias])
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        missing = [
+            migration
+            for migration, _backwards in plan
+            if migration.app_label in wanted and router.allow_migrate(alias, migration.app_label)
+        ]
+        if missing:
+            labels = sorted({migration.app_label for migration in missing})
+            command = "manage.py migrate" + ("" if alias == "default" else f" --database {alias}")
+            return (
+                f"database {describe(alias)} lacks the tables of {', '.join(labels)} "
+                f"({len(missing)} migration(s) not applied): run {command}"
+            )
+    return None
