@@ -55,8 +55,6 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-
-
 def _seconds(**bounds: bool) -> Callable[[Any, str], Any]:
     return lambda value, name: check_seconds(value, name, **bounds)
 

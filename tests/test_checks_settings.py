@@ -23,11 +23,17 @@ pytestmark = pytest.mark.django_db
     [
         ({"MAX_ATTEMPTS": 0}, "TASKLOOP['MAX_ATTEMPTS'] must be >= 1, not 0."),
         ({"MAX_ATTEMPTS": 2.5}, "TASKLOOP['MAX_ATTEMPTS'] must be an int, not float."),
-        ({"RETRY_BACKOFF": "fast"}, "TASKLOOP['RETRY_BACKOFF'] must be an int or float number of seconds, not str."),
+        (
+            {"RETRY_BACKOFF": "fast"},
+            "TASKLOOP['RETRY_BACKOFF'] must be an int or float number of seconds, not str.",
+        ),
         ({"POLL_MAX": 0}, "TASKLOOP['POLL_MAX'] must be > 0, not 0."),
         ({"POLL_FACTOR": 0.5}, "TASKLOOP['POLL_FACTOR'] must be >= 1, not 0.5."),
         ({"RETRIES": -1}, "TASKLOOP['RETRIES'] must be >= 0, not -1."),
-        ({"GRACE_PERIOD": True}, "TASKLOOP['GRACE_PERIOD'] must be an int or float number of seconds, not bool."),
+        (
+            {"GRACE_PERIOD": True},
+            "TASKLOOP['GRACE_PERIOD'] must be an int or float number of seconds, not bool.",
+        ),
         ({"METRICS_TOKEN": ""}, "TASKLOOP['METRICS_TOKEN'] must be a non-empty str or None, not ''."),
         ({"SCHEDULE": []}, "TASKLOOP['SCHEDULE'] must be a dict, not list."),
         ({"TIME_ZONE": 1}, "TASKLOOP['TIME_ZONE'] must be an IANA time zone name (a str) or None, not int."),
@@ -77,7 +83,12 @@ def _manage(tmp_path: Path, extra: str, *args: str) -> subprocess.CompletedProce
     env = child_env(DJANGO_SETTINGS_MODULE="bad_settings")
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     return subprocess.run(
-        [sys.executable, "-m", "django", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "django", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

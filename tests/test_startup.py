@@ -135,9 +135,15 @@ def proxy(vendor) -> Iterator[Proxy]:
         pytest.skip("SQLite has no server to lose")
     settings = connection.settings_dict
     if settings.get("HOST") and not settings["HOST"].startswith("/"):
-        upstream: tuple[int, object] = (socket.AF_INET, (settings["HOST"], int(settings.get("PORT") or 0) or 3306))
+        upstream: tuple[int, object] = (
+            socket.AF_INET,
+            (settings["HOST"], int(settings.get("PORT") or 0) or 3306),
+        )
     else:  # PostgreSQL over its socket (postgres:///test): the server sees a local client
-        upstream = (socket.AF_UNIX, f"{settings.get('HOST') or '/var/run/postgresql'}/.s.PGSQL.{settings.get('PORT') or 5432}")
+        upstream = (
+            socket.AF_UNIX,
+            f"{settings.get('HOST') or '/var/run/postgresql'}/.s.PGSQL.{settings.get('PORT') or 5432}",
+        )
     made = Proxy(upstream)
     yield made
     made.down()

@@ -35,6 +35,7 @@ from django.utils.module_loading import autodiscover_modules
 
 from ..compat import explain_refused_options
 from ..cron import periodic
+from ..exceptions import NotFound, TubeError
 from ..validation import check_count, check_handler, check_name, check_seconds
 from .runtime import FailedForGood, StopNow, run_interruptibly
 from .runtime import backoff as backoff  # re-exported: drivers and the runner import them here
@@ -128,8 +129,6 @@ class Handler:
 
     def _with_tube(self, verb: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``verb`` on the tube; a tube dropped since is made again, once."""
-        from ..exceptions import NotFound
-
         try:
             return getattr(self.get_tube(), verb)(*args, **kwargs)
         except NotFound:
@@ -190,7 +189,6 @@ def open_tube(name: str, options: dict[str, Any]) -> Any:
     tasks in it were put under its options): ``create_tube`` warns of other ttl/ttr/pri, and
     another type, which it refuses, is warned of here.
     """
-    from ..exceptions import TubeError
     from ..models import Tube
 
     try:

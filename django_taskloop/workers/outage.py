@@ -29,11 +29,13 @@ class NotMigrated(Exception):
 def describe(alias: str) -> str:
     """Name database ``alias`` with where it lives: ``'default' (db.example:5432)``."""
     settings = connections[alias].settings_dict
-    if connections[alias].vendor == "sqlite":
-        where = str(settings.get("NAME"))
-    else:
-        host = settings.get("HOST") or "local socket"
-        where = f"{host}:{settings['PORT']}" if settings.get("PORT") else str(host)
+    host = settings.get("HOST")
+    # No host: a local socket (PostgreSQL, MySQL) or a file (SQLite): its name says more.
+    where = (
+        (f"{host}:{settings['PORT']}" if settings.get("PORT") else str(host))
+        if host
+        else settings.get("NAME")
+    )
     return f"{alias!r} ({where})"
 
 

@@ -946,7 +946,10 @@ def _check_databases(handlers: Sequence[Handler]) -> None:
     drivers = [make_driver(handler, "") for handler in handlers]
     aliases = list(dict.fromkeys(driver.using for driver in drivers))
     Outages().wait(aliases, time.sleep, lambda: False)
-    apps = {"django_taskloop", *(driver.handler.target._meta.app_label for driver in drivers if driver.queue_kind == "loop")}
+    apps = {
+        "django_taskloop",
+        *(driver.handler.target._meta.app_label for driver in drivers if driver.queue_kind == "loop"),
+    }
     missing = not_migrated(aliases, apps)
     if missing is not None:
         raise NotMigrated(missing)
