@@ -42,10 +42,11 @@ def _empty_database(vendor: str, tmp_path: Path) -> Iterator[str]:
             cursor.execute(f"DROP DATABASE IF EXISTS {qn(name)}")
 
 
-def test_an_unmigrated_database_is_one_line_and_status_2(vendor, tmp_path):
+@pytest.mark.parametrize("processes", ["1", "2"])  # 2: the supervisor looks before it forks
+def test_an_unmigrated_database_is_one_line_and_status_2(vendor, tmp_path, processes):
     for url in _empty_database(vendor, tmp_path):
         run = subprocess.run(
-            workers_command("--burst"),
+            workers_command("--burst", "--processes", processes),
             env=child_env(DATABASE_URL=url),
             cwd=ROOT,
             capture_output=True,

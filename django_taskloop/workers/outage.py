@@ -16,7 +16,15 @@ from django.db.migrations.executor import MigrationExecutor
 
 logger = logging.getLogger("django_taskloop.workers")
 
-__all__ = ["NotMigrated", "Outages", "describe", "first_line", "not_migrated", "unreachable"]
+__all__ = [
+    "NotMigrated",
+    "Outages",
+    "describe",
+    "first_line",
+    "not_migrated",
+    "tables_missing",
+    "unreachable",
+]
 
 #: Longest wait between two tries to reach a database that is down (seconds).
 LONGEST_STEP = 5.0
@@ -112,6 +120,11 @@ class Outages:
         with self.lock:
             self.down.discard(alias)
         logger.warning("database %s is back after %.0f s", describe(alias), seconds)
+
+
+def tables_missing(alias: str, tables: Iterable[str]) -> bool:
+    """Say whether database ``alias`` lacks one of ``tables`` (one cheap look at its catalogue)."""
+    return not set(tables) <= set(connections[alias].introspection.table_names())
 
 
 def not_migrated(aliases: Iterable[str], apps: Iterable[str]) -> str | None:

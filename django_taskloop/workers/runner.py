@@ -27,13 +27,13 @@ from django.db import DatabaseError, connections
 from .. import schedules, wakeup
 from ..conf import setting
 from ..exceptions import DatabaseBusy
-from ..models import Failure, WorkerProcess
+from ..models import Failure, JobBoard, Tube, WorkerProcess
 from ..models.operating import record_throughput
 from ..models.tubes import worth_trying
 from ..reaper import format_report, reap
 from . import FailedForGood, Handler, StopNow, get_handlers, inside_user_code
 from .drivers import Driver, TubeDriver, make_driver
-from .outage import NotMigrated, Outages, first_line, not_migrated
+from .outage import NotMigrated, Outages, first_line, not_migrated, tables_missing
 from .supervisor import STOP_SIGNALS, Supervisor
 
 __all__ = ["Worker", "run_workers"]
@@ -204,6 +204,7 @@ class Worker:
             except (DatabaseError, DatabaseBusy):
                 connections.close_all()
                 if not self.outages.wait(self._databases(), time.sleep, lambda: False):
+                    refuse_unmigrated(self.drivers)  # one line instead of "no such table"
                     raise
         previous = self.install_signals()
         beating = threading.Event()
@@ -940,19 +941,28 @@ def _child(names: list[str], burst: bool, schedule: bool = True) -> None:
     sys.exit(Worker(handlers, burst=burst, supervised=True, schedule=schedule).run())
 
 
+def refuse_unmigrated(drivers: Sequence[Driver]) -> None:
+    """Raise :class:`NotMigrated` if a database of ``drivers`` lacks the tables they need (the
+    migrations of django_taskloop and of the loops' apps)."""
+    aliases = list(dict.fromkeys(driver.using for driver in drivers))
+    loops = (driver.handler.target._meta.app_label for driver in drivers if driver.queue_kind == "loop")
+    missing = not_migrated(aliases, {"django_taskloop", *loops})
+    if missing is not None:
+        raise NotMigrated(missing)
+
+
 def _check_databases(handlers: Sequence[Handler]) -> None:
     """Wait until the handlers' databases can be reached (one line per try); raise
-    :class:`NotMigrated` if one lacks the tables they need."""
+    :class:`NotMigrated` if one lacks their tables. The look is one read of each database's
+    table names; which migrations are missing is read (every migration file) only then, and
+    when the worker's start meets a database error (a migration not applied since an upgrade)."""
     drivers = [make_driver(handler, "") for handler in handlers]
     aliases = list(dict.fromkeys(driver.using for driver in drivers))
     Outages().wait(aliases, time.sleep, lambda: False)
-    apps = {
-        "django_taskloop",
-        *(driver.handler.target._meta.app_label for driver in drivers if driver.queue_kind == "loop"),
-    }
-    missing = not_migrated(aliases, apps)
-    if missing is not None:
-        raise NotMigrated(missing)
+    tables = {model._meta.db_table for model in (Tube, JobBoard)}
+    tables |= {driver.handler.target._meta.db_table for driver in drivers if driver.queue_kind == "loop"}
+    if any(tables_missing(alias, tables) for alias in aliases):
+        refuse_unmigrated(drivers)
 
 
 def run_workers(
