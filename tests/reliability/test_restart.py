@@ -50,7 +50,6 @@ def test_server_crash_mid_drain_loses_nothing(throwaway, capsys):
     # one line per try (or met another error and retried, or died and were restarted).
     said = ("is unreachable", "database error", "restarting it")
     assert any(words in output for words in said), output[-3000:]
-    assert "Traceback" not in output or "restarting it" in output, output[-3000:]
     report = run_remote(throwaway.url(), "tests.reliability.scenarios:tube_report")
     assert report["stats"]["tasks"]["total"] == 0
     assert report["stats"]["tasks"]["done"] == TASKS
