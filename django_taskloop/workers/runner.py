@@ -951,7 +951,7 @@ def refuse_unmigrated(drivers: Sequence[Driver]) -> None:
         raise NotMigrated(missing)
 
 
-def _check_databases(handlers: Sequence[Handler]) -> None:
+def _check_databases(handlers: Sequence[Handler], processes: int) -> None:
     """Wait until the handlers' databases can be reached (one line per try); raise
     :class:`NotMigrated` if one lacks their tables. The look is one read of each database's
     table names; which migrations are missing is read (every migration file) only then, and
@@ -963,6 +963,8 @@ def _check_databases(handlers: Sequence[Handler]) -> None:
     tables |= {driver.handler.target._meta.db_table for driver in drivers if driver.queue_kind == "loop"}
     if any(tables_missing(alias, tables) for alias in aliases):
         refuse_unmigrated(drivers)
+    if processes > 1:
+        connections.close_all()  # no connection of the supervisor's is shared with its children
 
 
 def run_workers(
@@ -982,7 +984,7 @@ def run_workers(
     if not handlers:
         logger.warning("no handlers registered: nothing to do")
         return 0
-    _check_databases(handlers)
+    _check_databases(handlers, processes)
     logger.info(
         "starting %d worker process(es)%s for: %s",
         processes,
