@@ -17,6 +17,10 @@ Register handlers in an installed app's ``taskloop.py`` (found like ``admin.py``
     def build(job):          # a django_taskloop.models.Job
         ...
 
+Web code puts into a handler's tube from any process with ``send.put(data)`` (and
+``put_many``, ``aput``, ``aput_many``): the first put makes the tube with the decorator's
+options if no worker has yet.
+
 A handler that returns normally has done its work (the loop id is marked done, the tube task
 acknowledged, the job consumed). A handler that raises is retried later with a growing delay;
 tube tasks are buried and jobs trashed after ``TASKLOOP["MAX_ATTEMPTS"]`` attempts.
