@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
+from django.apps import apps
 from django.core import checks
 from django.db import connections
 
@@ -82,3 +84,63 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
             )
         ]
     return []
+
+
+@checks.register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """taskloop.E020/E021/W020: each ``TASKLOOP`` key has a value of its type and range, and
+    every key is one django-taskloop knows (a misspelt key would silently keep its default)."""
+    from .conf import DEFAULTS, RULES, user_settings
+
+    user = user_settings()
+    if not isinstance(user, dict):
+        return [
+            checks.Error(
+                f"TASKLOOP must be a dict, not {type(user).__name__}.",
+                hint=f"Known keys: {', '.join(DEFAULTS)}.",
+                id="taskloop.E021",
+            )
+        ]
+    found: list[checks.CheckMessage] = []
+    for key, value in user.items():
+        if key not in RULES:
+            found.append(_unknown_key(key))
+            continue
+        try:
+            RULES[key](value, f"TASKLOOP[{key!r}]")
+        except (TypeError, ValueError) as error:
+            found.append(
+                checks.Error(
+                    f"{error}.",
+                    hint=f"The default is {DEFAULTS[key]!r}; see the settings table in the README.",
+                    id="taskloop.E020",
+                )
+            )
+    return found
+
+
+def _unknown_key(key: Any) -> checks.CheckMessage:
+    """taskloop.W020 for a key ``TASKLOOP`` does not know, naming the nearest known one."""
+    from .conf import DEFAULTS
+
+    nearest = difflib.get_close_matches(str(key).upper(), DEFAULTS, n=1, cutoff=0.6)
+    hint = f"Did you mean {nearest[0]!r}?" if nearest else f"Known keys: {', '.join(DEFAULTS)}."
+    return checks.Warning(
+        f"TASKLOOP[{key!r}] is not a django-taskloop setting: it is ignored.", hint=hint, id="taskloop.W020"
+    )
+
+
+@checks.register(checks.Tags.admin)
+def check_rangefilter(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """taskloop.E030: the admin's date and number range filters need ``rangefilter`` installed."""
+    if not apps.is_installed("django.contrib.admin") or apps.is_installed("rangefilter"):
+        return []
+    return [
+        checks.Error(
+            "'rangefilter' must be in INSTALLED_APPS: django-taskloop's admin filters dates and "
+            "priorities with django-admin-rangefilter, whose templates and static files come "
+            "from that app (without it the admin's lists fail to render).",
+            hint='Add "rangefilter" to INSTALLED_APPS (it is installed with django-taskloop).',
+            id="taskloop.E030",
+        )
+    ]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+
+from .validation import check_count, check_seconds
 
 DEFAULTS: dict[str, Any] = {
     # Seconds without a heartbeat after which a tube consumer counts as dead.
@@ -55,14 +58,79 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+def _seconds(**bounds: bool) -> Callable[[Any, str], Any]:
+    return lambda value, name: check_seconds(value, name, **bounds)
+
+
+def _count(minimum: int) -> Callable[[Any, str], Any]:
+    return lambda value, name: check_count(value, name, minimum=minimum)
+
+
+def _factor(value: Any, name: str) -> float:
+    if check_seconds(value, name) < 1:
+        raise ValueError(f"{name} must be >= 1, not {value!r}")
+    return float(value)
+
+
+def _token(value: Any, name: str) -> Any:
+    if value is not None and not (isinstance(value, str) and value):
+        raise TypeError(f"{name} must be a non-empty str or None, not {value!r}")
+    return value
+
+
+def _mapping(value: Any, name: str) -> Any:
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a dict, not {type(value).__name__}")
+    return value
+
+
+def _zone(value: Any, name: str) -> Any:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be an IANA time zone name (a str) or None, not {type(value).__name__}")
+    return value
+
+
+#: What each key accepts: a check that raises ``TypeError``/``ValueError`` naming the key (the
+#: system check ``taskloop.E020`` runs them; SCHEDULE's entries and the time zone's name are
+#: checked by ``taskloop.E010``).
+RULES: dict[str, Callable[[Any, str], Any]] = {
+    "CONSUMER_TIMEOUT": _seconds(positive=True),
+    "ENTITY_TIMEOUT": _seconds(positive=True),
+    "JOB_HISTORY_RETENTION": _seconds(non_negative=True),
+    "RESULT_RETENTION": _seconds(non_negative=True),
+    "FAILURE_RETENTION": _seconds(non_negative=True),
+    "THROUGHPUT_RETENTION": _seconds(non_negative=True),
+    "WORKER_TIMEOUT": _seconds(positive=True),
+    "METRICS_TOKEN": _token,
+    "RETRIES": _count(0),
+    "MAX_ATTEMPTS": _count(1),
+    "RETRY_BACKOFF": _seconds(non_negative=True),
+    "RETRY_BACKOFF_MAX": _seconds(non_negative=True),
+    "GRACE_PERIOD": _seconds(non_negative=True),
+    "HEARTBEAT_INTERVAL": _seconds(positive=True),
+    "HORIZON_WARNING": _seconds(non_negative=True),
+    "BATCH_TIME": _seconds(non_negative=True),
+    "POLL_MIN": _seconds(positive=True),
+    "POLL_FACTOR": _factor,
+    "POLL_MAX": _seconds(positive=True),
+    "SCHEDULE": _mapping,
+    "TIME_ZONE": _zone,
+}
+
+
+def user_settings() -> Any:
+    """Return ``settings.TASKLOOP`` as written (``{}`` when unset or empty)."""
+    return getattr(settings, "TASKLOOP", None) or {}
+
+
 @cache
 def get_config() -> dict[str, Any]:
-    """Return ``settings.TASKLOOP`` merged over the defaults."""
-    user = getattr(settings, "TASKLOOP", {}) or {}
-    unknown = set(user) - set(DEFAULTS)
-    if unknown:
-        raise ValueError(f"TASKLOOP: unknown key(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-    return {**DEFAULTS, **user}
+    """Return ``settings.TASKLOOP`` merged over the defaults (unknown keys are left out: the
+    system checks warn about them, and refuse values of the wrong type or range)."""
+    user = user_settings()
+    if not isinstance(user, dict):
+        return dict(DEFAULTS)
+    return {**DEFAULTS, **{key: value for key, value in user.items() if key in DEFAULTS}}
 
 
 def setting(name: str) -> Any:

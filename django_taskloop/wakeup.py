@@ -242,10 +242,17 @@ class _Listener:
                         tube_id = self.channels.get(notice.channel)
                         if tube_id is not None:
                             notify(self.using, tube_id)
-            except Exception:
+            except Exception as error:
                 if self.closing:
                     break
-                logger.warning("listener of database %r failed; reconnecting", self.using, exc_info=True)
+                # Once per outage, in one line: the worker's outage lines say the rest.
+                logger.log(
+                    logging.DEBUG if self.failing else logging.WARNING,
+                    "listener of database %r failed (%s: %s); reconnecting",
+                    self.using,
+                    type(error).__name__,
+                    str(error).strip().split("\n", 1)[0],
+                )
                 self._drop()
                 retry_at = time.monotonic() + RECONNECT_AFTER
         self._drop()

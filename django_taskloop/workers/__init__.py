@@ -17,6 +17,10 @@ Register handlers in an installed app's ``taskloop.py`` (found like ``admin.py``
     def build(job):          # a django_taskloop.models.Job
         ...
 
+Web code puts into a handler's tube from any process with ``send.put(data)`` (and
+``put_many``, ``aput``, ``aput_many``): the first put makes the tube with the decorator's
+options if no worker has yet.
+
 A handler that returns normally has done its work (the loop id is marked done, the tube task
 acknowledged, the job consumed). A handler that raises is retried later with a growing delay;
 tube tasks are buried and jobs trashed after ``TASKLOOP["MAX_ATTEMPTS"]`` attempts.
@@ -25,6 +29,7 @@ tube tasks are buried and jobs trashed after ``TASKLOOP["MAX_ATTEMPTS"]`` attemp
 from __future__ import annotations
 
 import builtins
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,14 +39,18 @@ from django.utils.module_loading import autodiscover_modules
 
 from ..compat import explain_refused_options
 from ..cron import periodic
+from ..exceptions import NotFound, TubeError
 from ..validation import check_count, check_handler, check_name, check_seconds
 from .runtime import FailedForGood, StopNow, run_interruptibly
 from .runtime import backoff as backoff  # re-exported: drivers and the runner import them here
 from .runtime import event_loop as event_loop
 from .runtime import inside_user_code as inside_user_code
 
+logger = logging.getLogger("django_taskloop.workers")
+
 __all__ = [
     "Handler",
+    "open_tube",
     "loop",
     "tube",
     "board",
@@ -86,6 +95,8 @@ class Handler:
     #: The Django Tasks queue it serves (its plain or its keyed tasks): ``--only`` selects
     #: every handler of a queue by the queue's Django name.
     queue: str | None = None
+    #: Tubes: the tube by database alias, once :meth:`get_tube` has opened it.
+    _tubes: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def title(self) -> str:
@@ -101,6 +112,53 @@ class Handler:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The decorated name stays callable as the plain function.
         return self.func(*args, **kwargs)
+
+    # Putting from any process (a view, a script): @tube handlers only. -----------------------
+
+    def get_tube(self) -> Any:
+        """Return the tube this ``@tube`` handler serves, made with the decorator's options if
+        it does not exist yet (:func:`open_tube`); kept for the next call."""
+        if self.kind != "tube":
+            raise TypeError(
+                f"put() is for @tube handlers; {self.kind} {self.name!r} is not one "
+                "(a board's jobs are posted with JobBoard.post, a loop's ids added with add)"
+            )
+        from ..models import Tube
+
+        using = str(Tube.objects.db)
+        tube = self._tubes.get(using)
+        if tube is None:
+            tube = self._tubes[using] = open_tube(self.target, self.create)
+        return tube
+
+    def _with_tube(self, verb: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``verb`` on the tube; a tube dropped since is made again, once."""
+        try:
+            return getattr(self.get_tube(), verb)(*args, **kwargs)
+        except NotFound:
+            self._tubes.clear()
+            return getattr(self.get_tube(), verb)(*args, **kwargs)
+
+    def put(self, data: Any, **options: Any) -> Any:
+        """Put a task for this handler: ``tube.put(data, pri=, ttl=, ttr=, delay=, utube=,
+        run_at=)`` on its tube, which the first put makes if no worker has yet."""
+        return self._with_tube("put", data, **options)
+
+    def put_many(self, items: Iterable[Any], **options: Any) -> Any:
+        """Put one task per item for this handler (``tube.put_many``)."""
+        return self._with_tube("put_many", list(items), **options)
+
+    async def aput(self, data: Any, **options: Any) -> Any:
+        """:meth:`put` from async code."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.put, thread_sensitive=True)(data, **options)
+
+    async def aput_many(self, items: Iterable[Any], **options: Any) -> Any:
+        """:meth:`put_many` from async code."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.put_many, thread_sensitive=True)(list(items), **options)
 
 
 #: Every handler registered so far, by name.
@@ -126,6 +184,32 @@ def _register(handler: Handler) -> Handler:
         raise ValueError(f"a handler named {handler.name!r} is already registered ({ref})")
     registry[handler.name] = handler
     return handler
+
+
+def open_tube(name: str, options: dict[str, Any]) -> Any:
+    """Return tube ``name``, made with ``options`` (``create_tube``'s) if it does not exist.
+
+    A tube that exists with other options stays as it is, with a warning that names both (the
+    tasks in it were put under its options): ``create_tube`` warns of other ttl/ttr/pri, and
+    another type, which it refuses, is warned of here.
+    """
+    from ..models import Tube
+
+    try:
+        return Tube.objects.create_tube(name, if_not_exists=True, **options)
+    except TubeError:
+        existing = Tube.objects.filter(name=name).first()
+        if existing is None:
+            raise
+    differ = {key: value for key, value in options.items() if getattr(existing, key) != value}
+    logger.warning(
+        "tube %r exists with %s; @tube asked for %s: the stored tube stays (drop and re-create "
+        "it, or change the code to match)",
+        name,
+        ", ".join(f"{key} {getattr(existing, key)!r}" for key in differ),
+        ", ".join(f"{key}={value!r}" for key, value in differ.items()),
+    )
+    return existing
 
 
 def loop(

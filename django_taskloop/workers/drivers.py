@@ -20,7 +20,7 @@ from ..backends import result_id_of, task_path_of
 from ..conf import setting
 from ..models import Consumer, JobBoard, TaskRecord, Tube
 from ..models.operating import is_paused
-from . import Handler
+from . import Handler, open_tube
 from .runtime import backoff, run_interruptibly
 
 logger = logging.getLogger("django_taskloop.workers")
@@ -208,7 +208,8 @@ class TubeDriver(Driver["Task"]):
 
     @property
     def using(self) -> str:
-        return self._tube.using if self._tube is not None else "default"
+        # Before prepare(): the database the tube is made on.
+        return self._tube.using if self._tube is not None else str(Tube.objects.db)
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
@@ -237,7 +238,8 @@ class TubeDriver(Driver["Task"]):
         return max(0.05, min(every, float(setting("CONSUMER_TIMEOUT")) / 3))
 
     def prepare(self) -> None:
-        self.tube = Tube.objects.create_tube(self.handler.target, if_not_exists=True, **self.handler.create)
+        # A tube made elsewhere with other options is served as it is, with a warning.
+        self.tube = open_tube(self.handler.target, self.handler.create)
 
     def _ttl_type(self) -> bool:
         return str(self.tube.type).endswith("ttl")
@@ -359,7 +361,8 @@ class BoardDriver(Driver["Job"]):
 
     @property
     def using(self) -> str:
-        return self._board.using if self._board is not None else "default"
+        # Before prepare(): the database the board is made on.
+        return self._board.using if self._board is not None else str(JobBoard.objects.db)
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import re
 import signal
 import socket
 import sys
@@ -19,7 +18,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -33,7 +31,9 @@ from ..models.operating import record_throughput
 from ..models.tubes import worth_trying
 from ..reaper import format_report, reap
 from . import FailedForGood, Handler, StopNow, get_handlers, inside_user_code
+from .batches import Batch, Chores, Tally, count, outcome, progress_key
 from .drivers import Driver, TubeDriver, make_driver
+from .outage import Outages, check_databases, drop_broken_connections, first_line, refuse_unmigrated
 from .supervisor import STOP_SIGNALS, Supervisor
 
 __all__ = ["Worker", "run_workers"]
@@ -48,48 +48,6 @@ THROUGHPUT_EVERY = 1.0
 MAX_CONSECUTIVE_ERRORS = 10
 #: Longest wait of an idle one-tube worker in one take (a stop ends it within a poll).
 IDLE_WAIT = 30.0
-
-
-@dataclass
-class Tally:
-    """What one handler did in one process, for the summary at exit."""
-
-    batches: int = 0
-    done: int = 0
-    failed: int = 0
-    given_back: int = 0
-    seconds: float = 0.0
-
-
-@dataclass
-class Chores:
-    """When the heartbeat thread next does each of its chores (``time.monotonic()`` seconds)."""
-
-    drivers: dict[Driver, float]  # renew the leases and beat, per driver
-    reap: float  # the reaper's upkeep
-    flush: float  # write the throughput counts
-    tick: float  # claim the schedules' due ticks
-    process: float = 0.0  # the worker process's own row
-    cleanup: float = 0.0  # look for a transaction that holds back cleanup of the queue tables
-
-    def next_due(self) -> float:
-        return min([*self.drivers.values(), self.reap, self.process, self.flush, self.tick, self.cleanup])
-
-
-class Batch:
-    """One claimed batch as it runs: how its items ended, and when each stage began."""
-
-    def __init__(self, driver: Driver, items: list[Any], claimed_at: float, *, trace: bool) -> None:
-        self.driver = driver
-        self.items = items
-        self.trace = trace  # debug logging: every item named as it starts and ends
-        # time.monotonic() when the claim began, when the handler began, when it ended.
-        self.claimed_at = claimed_at
-        self.running_at = time.monotonic()
-        self.ran_at = self.running_at
-        self.finished: list[Any] = []  # returned, or failed for good: settled as done
-        self.settled: set[Any] = set()  # keys of the items settled (or to be) by this batch
-        self.started = self.done = self.failed = 0
 
 
 class Worker:
@@ -133,13 +91,16 @@ class Worker:
         # them once a second (THROUGHPUT_EVERY), off the batches' path.
         self.throughput: dict[Driver, list[int]] = {}
         # What the running handlers reported (progress.report): the heartbeat writes it.
-        self.progress: progress.Board[Driver] = progress.Board(_progress_key)
+        self.progress: progress.Board[Driver] = progress.Board(progress_key)
         # A supervised child stops when its supervisor is gone (kill -9 of the supervisor);
         # a worker run on its own may well outlive the shell that started it.
         self._parent = os.getppid() if supervised else None
         # Cron schedules (@periodic, TASKLOOP["SCHEDULE"]): claimed by the heartbeat thread.
         self.ticker = schedules.ticker() if schedule else None
+        # A transaction held open elsewhere: the heartbeat thread warns while it lasts.
         self.watch = CleanupWatch()
+        # The databases found down: the thread that met the outage says so, the others keep quiet.
+        self.outages = Outages()
 
     # Signals -----------------------------------------------------------------------------
 
@@ -199,7 +160,15 @@ class Worker:
 
     def run(self) -> int:
         """Work until stopped; return the process exit status (0 when all went well)."""
-        self._prepare()
+        while True:
+            try:
+                self._prepare()
+                break
+            except (DatabaseError, DatabaseBusy):
+                connections.close_all()
+                if not self.outages.wait(self._databases(), time.sleep, lambda: False):
+                    refuse_unmigrated(self.drivers)  # one line instead of "no such table"
+                    raise
         previous = self.install_signals()
         beating = threading.Event()
         heart = threading.Thread(
@@ -364,19 +333,37 @@ class Worker:
         return self._parent is not None and os.getppid() != self._parent
 
     def _database_error(self, errors: int) -> int:
-        """Log the database error being handled, reconnect, back off; re-raise when it persists.
+        """Deal with the database error being handled: wait out an outage (one line per try,
+        however long), else log it, reconnect and back off; re-raise when it persists.
 
         The database went away or stayed locked: what this worker held comes back when its
         lease ends, so going on after a reconnect loses nothing.
         """
+        connections.close_all()
+        if self.outages.wait(self._databases(), self.wake.wait, self._idle_over):
+            return 0  # it was down and is back (or a stop came): no error of ours to count
         errors += 1
         if errors >= MAX_CONSECUTIVE_ERRORS:
             raise
         logger.exception("worker %s: database error (%d in a row), retrying", self.identity, errors)
-        connections.close_all()
         # Jitter keeps workers that met the same outage from coming back in step.
         self.wake.wait(min(5.0, 0.1 * 2**errors) * random.uniform(0.5, 1.5))
         return errors
+
+    def _databases(self) -> list[str]:
+        """The aliases of the databases this worker's queues live on."""
+        return list(dict.fromkeys(driver.using for driver in self.drivers))
+
+    def _log_error(self, message: str, *args: Any) -> None:
+        """Log the error being handled after ``message``: a database error in one line (at
+        debug level while a database is known down: the outage's lines say it already),
+        anything else with its traceback."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, (DatabaseError, DatabaseBusy)):
+            logger.exception(message, *args)
+            return
+        level = logging.DEBUG if self.outages.any_down() else logging.WARNING
+        logger.log(level, message + ": %s", *args, first_line(error))
 
     def batch_size(self, driver: Driver) -> int:
         """Return how many items to claim for ``driver`` now: what fits the handler's
@@ -483,7 +470,7 @@ class Worker:
         logger.warning(
             "%s failed%s: %s: %s",
             driver.describe_fully(item),
-            _outcome(error),
+            outcome(error),
             type(cause).__name__,
             cause,
             exc_info=cause if batch.trace else None,
@@ -586,17 +573,17 @@ class Worker:
             try:
                 driver.give_back(items)
             except Exception:
-                logger.exception(
+                self._log_error(
                     "%s: could not give back %s at the stop",
                     driver.describe_queue(),
-                    _count(len(items), driver.noun),
+                    count(len(items), driver.noun),
                 )
                 self._keep(self.unreturned, driver, items)
                 continue
             logger.info(
                 "%s: gave back %s not started, at the stop",
                 driver.describe_queue(),
-                _count(len(items), driver.noun),
+                count(len(items), driver.noun),
             )
 
     def _settle(
@@ -617,11 +604,10 @@ class Worker:
                 error = raised
                 self._keep(self.unsettled, driver, finished)
                 logger.warning(
-                    "%s: could not settle %s (%s: %s); settling them in the next round",
+                    "%s: could not settle %s (%s); settling them in the next round",
                     driver.describe_queue(),
-                    _count(len(finished), f"finished {driver.noun}"),
-                    type(raised).__name__,
-                    raised,
+                    count(len(finished), f"finished {driver.noun}"),
+                    first_line(raised),
                 )
         if left:
             try:
@@ -646,11 +632,10 @@ class Worker:
             self._keep(self.unreturned, driver, items)
             if not quiet:
                 logger.warning(
-                    "%s: could not give back %s (%s: %s); trying again in the next round",
+                    "%s: could not give back %s (%s); trying again in the next round",
                     driver.describe_queue(),
-                    _count(len(items), driver.noun),
-                    type(error).__name__,
-                    error,
+                    count(len(items), driver.noun),
+                    first_line(error),
                 )
             raise
 
@@ -675,7 +660,7 @@ class Worker:
                     "%s: %s %s kept from an earlier round",
                     driver.describe_queue(),
                     verb,
-                    _count(len(items), driver.noun),
+                    count(len(items), driver.noun),
                 )
 
     def _settle_at_stop(self) -> None:
@@ -688,7 +673,7 @@ class Worker:
                 self._settle_pending()
                 return
             except (DatabaseError, DatabaseBusy):
-                logger.exception(
+                self._log_error(
                     "worker %s: settling at stop failed (try %d of 3)", self.identity, attempt + 1
                 )
                 connections.close_all()
@@ -699,7 +684,7 @@ class Worker:
                     "%s: %s could not be settled before the worker stopped; they run again "
                     "once their lease runs out",
                     driver.describe_queue(),
-                    _count(len(items), f"{what} {driver.noun}"),
+                    count(len(items), f"{what} {driver.noun}"),
                 )
 
     def _record_failure(self, driver: Driver, item: Any, attempt: int, error: BaseException) -> None:
@@ -716,7 +701,7 @@ class Worker:
             )
         except Exception:
             # The failure is in the log anyway; losing its row must not stop the worker.
-            logger.exception("could not record the failure of %s", driver.describe(item))
+            self._log_error("could not record the failure of %s", driver.describe(item))
 
     def _record_throughput(self, driver: Driver, done: int, failed: int, given_back: int) -> None:
         """Count what a batch settled; :meth:`_flush_throughput` writes it."""
@@ -741,7 +726,7 @@ class Worker:
                     using=driver.using,
                 )
             except Exception:
-                logger.exception("could not record the throughput of %s", driver.describe_queue())
+                self._log_error("could not record the throughput of %s", driver.describe_queue())
                 self._record_throughput(driver, done, failed, given_back)  # next time, then
 
     def write_progress(self) -> None:
@@ -818,7 +803,7 @@ class Worker:
             try:
                 self._beat_as_process()
             except Exception:
-                logger.exception("worker %s: heartbeat of the process failed", self.identity)
+                self._log_error("worker %s: heartbeat of the process failed", self.identity)
         if not self.burst and time.monotonic() >= chores.reap:
             chores.reap = time.monotonic() + REAP_EVERY * random.uniform(0.75, 1.25)
             self._reap()
@@ -843,7 +828,7 @@ class Worker:
             for line in format_report(reap()):
                 logger.debug("reaper: %s", line)
         except Exception:
-            logger.exception("periodic reap failed")
+            self._log_error("periodic reap failed")
 
     def _watch_cleanup(self) -> None:
         """Warn while a transaction elsewhere holds back cleanup of the queue tables."""
@@ -876,14 +861,14 @@ class Worker:
                 driver.beat()
             except Exception:
                 # A missed beat is not fatal: the next one, or the lease, covers it.
-                logger.exception("heartbeat of %s failed", driver.describe_queue())
+                self._log_error("heartbeat of %s failed", driver.describe_queue())
 
     def _say_goodbye(self) -> None:
         """Remove this worker's process row (the dashboard's list of live workers)."""
         try:
             WorkerProcess.objects.gone(self.identity)
         except Exception:
-            logger.exception("worker %s: could not say goodbye", self.identity)
+            self._log_error("worker %s: could not say goodbye", self.identity)
 
     def _tick(self) -> float:
         """Claim the schedules' due ticks; return the seconds until the next look."""
@@ -892,7 +877,7 @@ class Worker:
         try:
             return self.ticker.tick()
         except Exception:
-            logger.exception("worker %s: schedules could not be read", self.identity)
+            self._log_error("worker %s: schedules could not be read", self.identity)
             return schedules.REFRESH
 
     def log_summary(self, elapsed: float) -> None:
@@ -915,38 +900,6 @@ class Worker:
                 elapsed,
                 rate,
             )
-
-
-def _outcome(error: FailedForGood) -> str:
-    """Return what became of an item that failed for good, as its log line says it after
-    "failed": `` (attempt 1 of 3), retrying in 4 s`` (the Django Tasks backend's words), or
-    ``""`` when the message says no more than that it failed."""
-    said = getattr(error, "outcome", None)
-    if isinstance(said, str):
-        return f" {said}"
-    found = re.search(r" failed( \(attempt .*)$", str(error))
-    return found.group(1) if found else ""
-
-
-def _progress_key(driver: Driver, item: Any) -> tuple[str, str, str]:
-    """Name ``item`` in the progress store as its Failure rows do: ``(kind, queue, item)``."""
-    return (driver.queue_kind, driver.queue, driver.failure_item(item))
-
-
-def _count(n: int, noun: str) -> str:
-    """``1 task``, ``2 tasks``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def drop_broken_connections() -> None:
-    """Close this thread's connections that an error left unusable, so the next use reconnects."""
-    for connection in connections.all(initialized_only=True):
-        if connection.connection is None or not connection.errors_occurred or connection.in_atomic_block:
-            continue
-        if connection.is_usable():
-            connection.errors_occurred = False
-        else:
-            connection.close()
 
 
 def _child(names: list[str], burst: bool, schedule: bool = True) -> None:
@@ -972,7 +925,8 @@ def run_workers(
 
     With one process the worker runs in this one. With more, this process supervises: it
     restarts a child that dies (``kill -9``, a crash) and passes signals on to the children.
-    Return the exit status.
+    Return the exit status. A database the handlers use that lacks their tables raises
+    :class:`~.outage.NotMigrated` before anything starts.
     """
     handlers = get_handlers(only)
     if schedule:
@@ -980,6 +934,7 @@ def run_workers(
     if not handlers:
         logger.warning("no handlers registered: nothing to do")
         return 0
+    check_databases(handlers, processes)
     logger.info(
         "starting %d worker process(es)%s for: %s",
         processes,

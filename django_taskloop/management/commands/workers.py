@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_taskloop.workers.outage import NotMigrated
 from django_taskloop.workers.runner import run_workers
 
 
@@ -53,7 +54,13 @@ class Command(BaseCommand):
                 handler.setLevel(logging.DEBUG)
         try:
             status = run_workers(only, processes=processes, burst=burst, schedule=schedule)
+        except NotMigrated as error:
+            # One line instead of the traceback of the first missing table.
+            raise CommandError(str(error), returncode=2)
         except ValueError as error:
             raise CommandError(str(error))
+        except KeyboardInterrupt:
+            # Ctrl-C while waiting for a database at start (the workers handle their own).
+            sys.exit(130)
         if status:
             sys.exit(status)

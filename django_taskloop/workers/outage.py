@@ -1,0 +1,193 @@
+"""What a worker says and does when a database cannot be reached or has no tables yet: one line
+per backoff step naming the alias and host until the database is back (then one line), and one
+line that says to run ``migrate`` instead of the traceback of the first missing table."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from django.db import DatabaseError, connections, router
+from django.db.migrations.executor import MigrationExecutor
+
+from ..models import JobBoard, Tube
+from . import Handler
+from .drivers import Driver, make_driver
+
+logger = logging.getLogger("django_taskloop.workers")
+
+__all__ = [
+    "NotMigrated",
+    "Outages",
+    "check_databases",
+    "describe",
+    "drop_broken_connections",
+    "refuse_unmigrated",
+    "first_line",
+    "not_migrated",
+    "tables_missing",
+    "unreachable",
+]
+
+#: Longest wait between two tries to reach a database that is down (seconds).
+LONGEST_STEP = 5.0
+
+
+class NotMigrated(Exception):
+    """A database the handlers use lacks migrations their tables need (``manage.py migrate``)."""
+
+
+def describe(alias: str) -> str:
+    """Name database ``alias`` with where it lives: ``'default' (db.example:5432)``."""
+    settings = connections[alias].settings_dict
+    host = settings.get("HOST")
+    # No host: a local socket (PostgreSQL, MySQL) or a file (SQLite): its name says more.
+    where = (
+        (f"{host}:{settings['PORT']}" if settings.get("PORT") else str(host))
+        if host
+        else settings.get("NAME")
+    )
+    return f"{alias!r} ({where})"
+
+
+def unreachable(alias: str) -> DatabaseError | None:
+    """Return the error of a fresh connection to ``alias`` if it cannot be made, else ``None``
+    (the connection is left open for the next use)."""
+    connection = connections[alias]
+    try:
+        if connection.connection is None or not connection.is_usable():
+            connection.close()
+            connection.ensure_connection()
+    except DatabaseError as error:
+        connection.close()
+        return error
+    return None
+
+
+def first_line(error: BaseException) -> str:
+    """Return ``Type: the first line of the message`` (drivers' errors run over several lines)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+class Outages:
+    """The databases this worker found down, shared by its threads: the thread that met the
+    outage waits it out and says so; the others keep quiet about what it already said."""
+
+    def __init__(self) -> None:
+        self.down: set[str] = set()
+        self.lock = threading.Lock()
+
+    def any_down(self) -> bool:
+        with self.lock:
+            return bool(self.down)
+
+    def find_down(self, aliases: Iterable[str]) -> tuple[str, DatabaseError] | None:
+        """Return the first of ``aliases`` that cannot be reached, with its error."""
+        for alias in dict.fromkeys(aliases):
+            error = unreachable(alias)
+            if error is not None:
+                return alias, error
+        return None
+
+    def wait(self, aliases: Iterable[str], pause: Callable[[float], Any], stop: Callable[[], bool]) -> bool:
+        """Wait until every one of ``aliases`` can be reached, trying again with a growing
+        delay (``pause(seconds)``) and one line per step; return ``False`` if nothing was down.
+        A ``stop()`` ends the wait early."""
+        aliases = list(aliases)
+        found = self.find_down(aliases)
+        if found is None:
+            return False
+        started, step = time.monotonic(), 0
+        while found is not None and not stop():
+            alias, error = found
+            with self.lock:
+                self.down.add(alias)
+            step += 1
+            # Jitter keeps the workers that met the same outage from coming back in step.
+            delay = min(LONGEST_STEP, 0.25 * 2**step) * random.uniform(0.8, 1.2)
+            logger.warning(
+                "database %s is unreachable (%s); trying again in %.1f s",
+                describe(alias),
+                first_line(error),
+                delay,
+            )
+            pause(delay)
+            back = self.find_down([alias])
+            if back is None:
+                self._back(alias, time.monotonic() - started)
+            found = back or self.find_down(aliases)
+        return True
+
+    def _back(self, alias: str, seconds: float) -> None:
+        with self.lock:
+            self.down.discard(alias)
+        logger.warning("database %s is back after %.0f s", describe(alias), seconds)
+
+
+def tables_missing(alias: str, tables: Iterable[str]) -> bool:
+    """Say whether database ``alias`` lacks one of ``tables`` (one cheap look at its catalogue)."""
+    return not set(tables) <= set(connections[alias].introspection.table_names())
+
+
+def not_migrated(aliases: Iterable[str], apps: Iterable[str]) -> str | None:
+    """Return the line that says which of ``aliases`` lacks migrations of ``apps`` (the tables
+    the handlers need), or ``None`` when all are applied."""
+    wanted = set(apps)
+    for alias in dict.fromkeys(aliases):
+        executor = MigrationExecutor(connections[alias])
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        missing = [
+            migration
+            for migration, _backwards in plan
+            if migration.app_label in wanted and router.allow_migrate(alias, migration.app_label)
+        ]
+        if missing:
+            labels = sorted({migration.app_label for migration in missing})
+            command = "manage.py migrate" + ("" if alias == "default" else f" --database {alias}")
+            return (
+                f"database {describe(alias)} lacks the tables of {', '.join(labels)} "
+                f"({len(missing)} migration(s) not applied): run {command}"
+            )
+    return None
+
+
+def drop_broken_connections() -> None:
+    """Close this thread's connections that an error left unusable, so the next use reconnects."""
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None or not connection.errors_occurred or connection.in_atomic_block:
+            continue
+        if connection.is_usable():
+            connection.errors_occurred = False
+        else:
+            connection.close()
+
+
+def refuse_unmigrated(drivers: Sequence[Driver]) -> None:
+    """Raise :class:`NotMigrated` if a database of ``drivers`` lacks the tables they need (the
+    migrations of django_taskloop and of the loops' apps)."""
+    aliases = list(dict.fromkeys(driver.using for driver in drivers))
+    loops = (driver.handler.target._meta.app_label for driver in drivers if driver.queue_kind == "loop")
+    missing = not_migrated(aliases, {"django_taskloop", *loops})
+    if missing is not None:
+        raise NotMigrated(missing)
+
+
+def check_databases(handlers: Sequence[Handler], processes: int) -> None:
+    """Wait until the handlers' databases can be reached (one line per try); raise
+    :class:`NotMigrated` if one lacks their tables. The look is one read of each database's
+    table names; which migrations are missing is read (every migration file) only then, and
+    when the worker's start meets a database error (a migration not applied since an upgrade)."""
+    drivers = [make_driver(handler, "") for handler in handlers]
+    aliases = list(dict.fromkeys(driver.using for driver in drivers))
+    Outages().wait(aliases, time.sleep, lambda: False)
+    tables = {model._meta.db_table for model in (Tube, JobBoard)}
+    tables |= {driver.handler.target._meta.db_table for driver in drivers if driver.queue_kind == "loop"}
+    if any(tables_missing(alias, tables) for alias in aliases):
+        refuse_unmigrated(drivers)
+    if processes > 1:
+        connections.close_all()  # no connection of the supervisor's is shared with its children
