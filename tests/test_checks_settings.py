@@ -93,6 +93,7 @@ def _manage(tmp_path: Path, extra: str, *args: str) -> subprocess.CompletedProce
 
 
 @pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
 def test_workers_refuse_to_start_on_a_bad_setting(tmp_path):
     run = _manage(tmp_path, 'TASKLOOP = {"RETRY_BACKOFF": "fast"}', "workers", "--burst")
     assert run.returncode == 1, run.stderr
@@ -101,6 +102,7 @@ def test_workers_refuse_to_start_on_a_bad_setting(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.django_db(transaction=True)  # the worker's tube is committed: flushed afterwards
 def test_check_warns_of_an_unknown_key_and_workers_still_start(tmp_path):
     run = _manage(tmp_path, 'TASKLOOP = {"MAX_ATTEMPT": 3}', "check")
     assert run.returncode == 0, run.stderr
