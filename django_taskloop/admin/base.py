@@ -13,6 +13,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, URLPattern, reverse
+from django.utils import timezone
 from django.utils.functional import Promise
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
@@ -35,6 +36,9 @@ __all__ = [
     "state_badge",
     "count_text",
     "until_cell",
+    "ago_text",
+    "when_cell",
+    "when_text",
 ]
 
 
@@ -133,6 +137,10 @@ class TaskloopModelAdmin(admin.ModelAdmin):
     #: page shows no Save buttons.
     read_only_page = False
 
+    def is_read_only(self, obj: Any) -> bool:
+        """Whether ``obj``'s page offers nothing to edit (no Save), whatever the permissions."""
+        return False
+
     def get_retry(self, obj: Any) -> Retry:
         """Return ``(button label, verb)`` to retry ``obj`` from its page, or ``None``."""
         return None
@@ -172,10 +180,10 @@ class TaskloopModelAdmin(admin.ModelAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         extra_context = dict(extra_context or {})
-        if self.read_only_page:
+        obj = None if object_id is None else self.get_object(request, object_id)
+        if self.read_only_page or (obj is not None and self.is_read_only(obj)):
             extra_context.update(show_save=False, show_save_and_continue=False)
         if object_id is not None:
-            obj = self.get_object(request, object_id)
             retry = None if obj is None else self.get_retry(obj)
             if obj is not None and retry is not None and self.has_change_permission(request, obj):
                 extra_context["taskloop_retry"] = (retry[0], self.admin_url("retry", obj.pk))
@@ -312,6 +320,43 @@ def count_text(count: int, exact: bool = True, estimate: bool = False) -> str:
 def state_badge(label: str | Promise, css: str) -> str:
     """Return a coloured state label for a change list."""
     return format_html('<span class="tl-state tl-{}">{}</span>', css, label)
+
+
+def ago_text(seconds: float) -> str:
+    """Say how long ago ``seconds`` (negative: ahead) is: ``just now``, ``2 min ago``, ``in 3 h``."""
+    whole = abs(seconds)
+    if whole < 5:
+        return str(_("just now"))
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
+        if whole >= size:
+            amount = f"{int(whole // size)} {unit}"
+            break
+    return str(_("in %(time)s") if seconds < 0 else _("%(time)s ago")) % {"time": amount}
+
+
+def when_text(moment: dt.datetime) -> str:
+    """Return ``moment`` to the second in the current time zone: ``2026-11-26 15:04:05``."""
+    return _local(moment).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _local(moment: dt.datetime) -> dt.datetime:
+    return timezone.localtime(moment) if timezone.is_aware(moment) else moment
+
+
+def when_cell(moment: dt.datetime | None, now: dt.datetime) -> str:
+    """Return a time to the second, the date only when it is not today, with how long ago it
+    is beneath (``15:04:05`` / ``2 min ago``); the full date and time as its tooltip."""
+    if moment is None:
+        return "—"
+    local, today = _local(moment), _local(now)
+    shown = local.strftime("%H:%M:%S" if local.date() == today.date() else "%b %d, %H:%M:%S")
+    return format_html(
+        '<time class="tl-when" datetime="{}" title="{}">{}</time><small class="tl-ago">{}</small>',
+        moment.isoformat(),
+        when_text(moment),
+        shown,
+        ago_text((now - moment).total_seconds()),
+    )
 
 
 def until_cell(deadline: dt.datetime | None, now: dt.datetime) -> str:

@@ -30,6 +30,7 @@ from .base import (
     seconds_between,
     state_badge,
     until_cell,
+    when_cell,
 )
 from .charts import bar_chart
 from .operating import failure_history, last_failure_note
@@ -152,10 +153,9 @@ class JobAdmin(TaskloopModelAdmin):
         "board_name",
         "priority_display",
         "owner_display",
-        "claim_ends",
         "attempts",
         "age",
-        "last_modified",
+        "modified",
         "short_uuid",
     )
     list_display_links = ("name",)
@@ -187,7 +187,7 @@ class JobAdmin(TaskloopModelAdmin):
         "last_modified",
         "trashed_by",
         "trashed_at",
-        "reposted_as",
+        "reposted_as_link",
         "attempts",
         "failures",
     )
@@ -196,7 +196,7 @@ class JobAdmin(TaskloopModelAdmin):
         (_("Claim"), {"fields": ("claimed_by", "claim_expires_at")}),
         (
             _("History"),
-            {"fields": ("created_on", "last_modified", "trashed_by", "trashed_at", "reposted_as")},
+            {"fields": ("created_on", "last_modified", "trashed_by", "trashed_at", "reposted_as_link")},
         ),
         (_("Attempts and failures"), {"fields": ("attempts", "failures")}),
     )
@@ -210,6 +210,27 @@ class JobAdmin(TaskloopModelAdmin):
                 % {"name": board.name}
             )
         return None
+
+    def is_read_only(self, obj: Job) -> bool:
+        # A trashed job cannot be edited (JobForm.clean says so): re-post it, edit the new one.
+        return bool(obj.trashed)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return (*fields, "priority", "details") if obj is not None and obj.trashed else fields
+
+    @admin.display(description=_("reposted as"))
+    def reposted_as_link(self, obj: Job) -> str:
+        if not obj.reposted_as:
+            return "—"
+        new = Job.objects.db_manager(obj._state.db).filter(uuid=obj.reposted_as).only("pk").first()
+        if new is None:  # consumed since
+            return format_html("{} <small>{}</small>", obj.reposted_as, _("(consumed or gone)"))
+        return format_html('<a href="{}">{}</a>', self.admin_url("change", new.pk), obj.reposted_as)
+
+    @admin.display(description=_("last modified"), ordering="last_modified")
+    def modified(self, obj: Job) -> str:
+        return when_cell(obj.last_modified, self.now())
 
     def get_retry(self, obj: Job) -> Retry:
         if obj.trashed and not obj.reposted_as:
@@ -263,14 +284,18 @@ class JobAdmin(TaskloopModelAdmin):
 
     @admin.display(description=_("priority"), ordering="priority")
     def priority_display(self, obj: Job) -> str:
+        # As the priority filter names them: "very high", not "VERY_HIGH" (narrower, too).
         priority = obj.priority
-        return priority.name if isinstance(priority, JobPriority) else str(priority)
+        return priority.name.replace("_", " ").lower() if isinstance(priority, JobPriority) else str(priority)
 
     @admin.display(description=_("owner"))
     def owner_display(self, obj: Job) -> str:
+        # Who holds it and, beneath, until when (one column for both: the list fits 1280 px).
         if obj.trashed:
             return format_html("<small>{}</small> {}", _("trashed by"), obj.trashed_by or "?")
-        return obj.claimed_by or "—"
+        if obj.claimed_by is None:
+            return "—"
+        return format_html('{}<small class="tl-ago">{}</small>', obj.claimed_by, self.claim_ends(obj))
 
     @admin.display(description=_("uuid"))
     def short_uuid(self, obj: Job) -> str:
@@ -351,7 +376,7 @@ class JobAdmin(TaskloopModelAdmin):
 class JobBoardAdmin(TaskloopModelAdmin):
     """Boards, with their job counts and a statistics page each. Hosts the dashboard."""
 
-    list_display = ("name", "running", "live_jobs", "links", "created_on")
+    list_display = ("name", "running", "live_jobs", "links", "created")
     search_fields = ("name",)
     ordering = ("name",)
     readonly_fields = ("created_on",)
@@ -385,6 +410,10 @@ class JobBoardAdmin(TaskloopModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.display(description=_("created on"), ordering="created_on")
+    def created(self, obj: JobBoard) -> str:
+        return when_cell(obj.created_on, self.now())
 
     @admin.display(description=_("live jobs"))
     def live_jobs(self, obj: JobBoard) -> int:
@@ -456,11 +485,11 @@ class JobBoardAdmin(TaskloopModelAdmin):
 class ConsumedJobAdmin(TaskloopModelAdmin):
     """History of consumed jobs (kept for ``JOB_HISTORY_RETENTION`` seconds); read-only."""
 
-    list_display = ("name", "board", "priority", "consumed_by", "consumed_at", "created_on", "uuid")
+    list_display = ("name", "board", "priority", "consumed_by", "consumed", "created", "short_uuid")
     list_filter = ("board", ("consumed_at", DateTimeRangeFilterBuilder(title=_("consumed at"))))
     search_fields = ("=uuid", "name")
     ordering = ("-consumed_at",)
-    sortable_by = ("consumed_at",)
+    sortable_by = ("consumed",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -468,11 +497,23 @@ class ConsumedJobAdmin(TaskloopModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    @admin.display(description=_("consumed at"), ordering="consumed_at")
+    def consumed(self, obj: ConsumedJob) -> str:
+        return when_cell(obj.consumed_at, self.now())
+
+    @admin.display(description=_("created on"))
+    def created(self, obj: ConsumedJob) -> str:
+        return when_cell(obj.created_on, self.now())
+
+    @admin.display(description=_("uuid"))
+    def short_uuid(self, obj: ConsumedJob) -> str:
+        return format_html('<code title="{}">{}…</code>', obj.uuid, obj.uuid[:8])
+
 
 class BoardEntityAdmin(TaskloopModelAdmin):
     """Entities registered on boards, with how long ago each was last seen."""
 
-    list_display = ("name", "kind", "board", "seen", "registered_on")
+    list_display = ("name", "kind", "board", "seen", "registered")
     list_filter = ("board", "kind", ("last_seen", DateTimeRangeFilterBuilder(title=_("last seen"))))
     search_fields = ("name",)
     ordering = ("kind", "name")
@@ -482,6 +523,10 @@ class BoardEntityAdmin(TaskloopModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.display(description=_("registered on"), ordering="registered_on")
+    def registered(self, obj: BoardEntity) -> str:
+        return when_cell(obj.registered_on, self.now())
 
     @admin.display(description=_("last seen"), ordering="last_seen")
     def seen(self, obj: BoardEntity) -> str:

@@ -50,6 +50,7 @@ from .base import (
     seconds_between,
     state_badge,
     until_cell,
+    when_cell,
 )
 from .charts import bar_chart
 from .loops import STATE_COUNT_CAP
@@ -425,7 +426,7 @@ def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
 class TubeAdmin(TaskloopModelAdmin):
     """Tubes, their options and a statistics page each."""
 
-    list_display = ("tube_name", "running", "type", "ttl", "ttr", "pri", "links", "created")
+    list_display = ("tube_name", "running", "type", "ttl", "ttr", "pri", "links", "created_at")
     list_filter = (TubeUseFilter, "type")
     search_fields = ("name",)
     ordering = ("name",)
@@ -434,6 +435,10 @@ class TubeAdmin(TaskloopModelAdmin):
     @admin.display(description=_("name"), ordering="name")
     def tube_name(self, obj: Tube) -> str:
         return format_html("{}{}", obj.name, _django_tasks_note(obj.name))
+
+    @admin.display(description=_("created"), ordering="created")
+    def created_at(self, obj: Tube) -> str:
+        return when_cell(obj.created, self.now())
 
     @admin.display(description=_("running"))
     def running(self, obj: Tube) -> str:
