@@ -256,6 +256,7 @@ def _queue_row(summary: QueueSummary, card: dict[str, Any], processed: Any) -> d
         "done": f"{done:,}",
         "for_good": count_text(*summary.depth()[good]) if good else "",
         "for_good_state": good,
+        "empty": summary.empty,
     }
 
 
