@@ -183,6 +183,7 @@ class TaskloopModelAdmin(admin.ModelAdmin):
         obj = None if object_id is None else self.get_object(request, object_id)
         if self.read_only_page or (obj is not None and self.is_read_only(obj)):
             extra_context.update(show_save=False, show_save_and_continue=False)
+            extra_context.setdefault("title", _("View %s") % self.opts.verbose_name)
         if object_id is not None:
             retry = None if obj is None else self.get_retry(obj)
             if obj is not None and retry is not None and self.has_change_permission(request, obj):

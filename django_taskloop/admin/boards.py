@@ -217,7 +217,23 @@ class JobAdmin(TaskloopModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> Any:
         fields = tuple(super().get_readonly_fields(request, obj))
-        return (*fields, "priority", "details") if obj is not None and obj.trashed else fields
+        return (*fields, "priority_display", "details") if obj is not None and obj.trashed else fields
+
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not obj.trashed:
+            return fieldsets
+        # Shown, not edited: the priority by its name.
+        return [
+            (
+                name,
+                {
+                    **options,
+                    "fields": [f if f != "priority" else "priority_display" for f in options["fields"]],
+                },
+            )
+            for name, options in fieldsets
+        ]
 
     @admin.display(description=_("reposted as"))
     def reposted_as_link(self, obj: Job) -> str:
@@ -292,7 +308,9 @@ class JobAdmin(TaskloopModelAdmin):
     def owner_display(self, obj: Job) -> str:
         # Who holds it and, beneath, until when (one column for both: the list fits 1280 px).
         if obj.trashed:
-            return format_html("<small>{}</small> {}", _("trashed by"), obj.trashed_by or "?")
+            # Its state cell says trashed: who did it is enough here (the whole on hover).
+            who = obj.trashed_by or "?"
+            return format_html('<span title="{} {}">{}</span>', _("trashed by"), who, who)
         if obj.claimed_by is None:
             return "—"
         return format_html('{}<small class="tl-ago">{}</small>', obj.claimed_by, self.claim_ends(obj))
