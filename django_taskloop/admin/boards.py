@@ -217,7 +217,8 @@ class JobAdmin(TaskloopModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> Any:
         fields = tuple(super().get_readonly_fields(request, obj))
-        return (*fields, "priority_display", "details") if obj is not None and obj.trashed else fields
+        trashed = obj is not None and obj.trashed
+        return (*fields, "priority", "priority_display", "details") if trashed else fields
 
     def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
         fieldsets = super().get_fieldsets(request, obj)
