@@ -95,7 +95,9 @@ def test_bar_chart_escapes_labels_and_scales_bars():
     widths = [float(w) for w in re.findall(r'<rect x="[\d.]+%" y="[\d.]+" width="([\d.]+)%"', svg)]
     assert widths[0] == 2 * widths[1] and widths[2] == 0
     # As wide as its card: no fixed width, no scaling of its text.
-    assert '<svg class="tl-chart" role="img" aria-label="T &amp; t" width="100%"' in svg and "viewBox" not in svg
+    assert (
+        '<svg class="tl-chart" role="img" aria-label="T &amp; t" width="100%"' in svg and "viewBox" not in svg
+    )
     assert "no data" in bar_chart([], title="empty")
 
 

@@ -344,9 +344,10 @@ def _local(moment: dt.datetime) -> dt.datetime:
     return timezone.localtime(moment) if timezone.is_aware(moment) else moment
 
 
-def when_cell(moment: dt.datetime | None, now: dt.datetime) -> str:
+def when_cell(moment: dt.datetime | None, now: dt.datetime, *, ago: bool = True) -> str:
     """Return a time to the second, the date only when it is not today, with how long ago it
-    is beneath (``15:04:05`` / ``2 min ago``); the full date and time as its tooltip."""
+    is beneath (``15:04:05`` / ``2 min ago``; not with ``ago=False``); the full date and time
+    as its tooltip."""
     if moment is None:
         return "—"
     local, today = _local(moment), _local(now)
@@ -356,7 +357,7 @@ def when_cell(moment: dt.datetime | None, now: dt.datetime) -> str:
         moment.isoformat(),
         when_text(moment),
         shown,
-        ago_text((now - moment).total_seconds()),
+        ago_text((now - moment).total_seconds()) if ago else "",
     )
 
 

@@ -208,7 +208,7 @@ def test_every_list_shows_its_key_columns_at_1280(page: Any, settings: Any) -> N
     assert lost == {}
     page.goto(f"{page.base_url}/admin/testapp/intloop/")
     shot(page, "glance-loop")
-    assert outside(page, ("pk_display", "loop_state", "last_updated", "lock_until", "lock_ends")) == []
+    assert outside(page, ("pk_display", "loop_state", "updated", "lock_until_at", "lock_ends")) == []
 
 
 def test_failure_times_read_to_the_second_and_how_long_ago(page: Any, settings: Any) -> None:
