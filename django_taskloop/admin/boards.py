@@ -45,6 +45,11 @@ JOB_STATE_LABELS = {
 }
 
 
+def priority_text(priority: Any) -> str:
+    """Name a priority as the priority filter does: ``very high``, not ``VERY_HIGH``."""
+    return priority.name.replace("_", " ").lower() if isinstance(priority, JobPriority) else str(priority)
+
+
 def admin_identity(request: HttpRequest) -> str:
     """Return the ``who`` under which an admin user acts on a board: ``admin:<username>``."""
     return f"admin:{request.user.get_username()}"
@@ -301,9 +306,7 @@ class JobAdmin(TaskloopModelAdmin):
 
     @admin.display(description=_("priority"), ordering="priority")
     def priority_display(self, obj: Job) -> str:
-        # As the priority filter names them: "very high", not "VERY_HIGH" (narrower, too).
-        priority = obj.priority
-        return priority.name.replace("_", " ").lower() if isinstance(priority, JobPriority) else str(priority)
+        return priority_text(obj.priority)
 
     @admin.display(description=_("owner"))
     def owner_display(self, obj: Job) -> str:
@@ -504,7 +507,7 @@ class JobBoardAdmin(TaskloopModelAdmin):
 class ConsumedJobAdmin(TaskloopModelAdmin):
     """History of consumed jobs (kept for ``JOB_HISTORY_RETENTION`` seconds); read-only."""
 
-    list_display = ("name", "board", "priority", "consumed_by", "consumed", "created", "short_uuid")
+    list_display = ("name", "board", "priority_name", "consumed_by", "consumed", "created", "short_uuid")
     list_filter = ("board", ("consumed_at", DateTimeRangeFilterBuilder(title=_("consumed at"))))
     search_fields = ("=uuid", "name")
     ordering = ("-consumed_at",)
@@ -515,6 +518,10 @@ class ConsumedJobAdmin(TaskloopModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.display(description=_("priority"))
+    def priority_name(self, obj: ConsumedJob) -> str:
+        return priority_text(obj.priority)
 
     @admin.display(description=_("consumed at"), ordering="consumed_at")
     def consumed(self, obj: ConsumedJob) -> str:
