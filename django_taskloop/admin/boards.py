@@ -556,7 +556,7 @@ class BoardEntityAdmin(TaskloopModelAdmin):
 
     @admin.display(description=_("last seen"), ordering="last_seen")
     def seen(self, obj: BoardEntity) -> str:
-        return until_cell(obj.last_seen, self.now())
+        return when_cell(obj.last_seen, self.now())
 
 
 def register(site: admin.AdminSite) -> None:
