@@ -494,7 +494,7 @@ class JobBoardAdmin(TaskloopModelAdmin):
             "object_url": self.admin_url("change", board.pk),
             "rows": rows,
             "charts": [
-                bar_chart(by_state, title=str(_("Jobs by state"))),
+                bar_chart(by_state, title=str(_("Jobs by state")), states=list(summary.counts)),
                 bar_chart(list(by_priority.items()), title=str(_("Live jobs by priority"))),
             ],
             "changelist_url": self.admin_url("changelist"),

@@ -86,6 +86,7 @@ def depth_chart(depth: dict[str, tuple[int, bool]], title: str) -> Any:
             for name, (count, exact) in depth.items()
         ],
         title=title,
+        states=list(depth),  # each bar in its state's colour, as the badges
     )
 
 

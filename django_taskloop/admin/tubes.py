@@ -541,6 +541,8 @@ class TubeAdmin(TaskloopModelAdmin):
                 bar_chart(
                     [(name, tasks.get(name, 0)) for name in TASK_STATES],
                     title=str(_("Tasks by state")),
+                    # Each state's colour; a task past its ttl is grey, as in the task list.
+                    states=["ttl" if name == "expired" else name for name in TASK_STATES],
                 ),
                 bar_chart(list(stats["calls"].items()), title=str(_("Calls"))),
             ],
