@@ -142,3 +142,31 @@ def test_a_bumped_loop_id_is_bumped_on_the_dashboard(client):
     page = client.get(reverse(URL)).content.decode()
     assert "<title>bumped: 1</title>" in page and "<title>idle: 1</title>" in page
     assert "<title>new: 1</title>" in page
+
+
+def test_the_table_of_queues_says_rate_failed_attempts_and_what_failed_for_good(client, queues):
+    from django_taskloop.models import Failure
+    from django_taskloop.models.operating import record_throughput
+    from django_taskloop.stats import processed_last_hour
+
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    record_throughput("task", "emails", done=120, failed=2)
+    for attempt in (1, 2):
+        try:
+            raise ConnectionError("smtp down")
+        except ConnectionError as error:
+            Failure.objects.record(
+                kind="task", queue="emails", item=1, attempt=attempt, worker="w", error=error
+            )
+    assert processed_last_hour() == {("task", "emails"): (120, 2)}
+    page = client.get(reverse(URL)).content.decode()
+    row = page.split('data-queue-row="emails"', 1)[1].split("</tr>", 1)[0]
+    cells = re.findall(r'<td class="num"[^>]*>(.*?)</td>', row, re.S)
+    assert cells[1] == "2.0"  # done per minute over the last hour
+    assert ">2</a>" in cells[2]  # failed attempts in the last hour, linked to them
+    assert "1 buried" in cells[3]  # what failed for good: one task, whatever its attempts
+    # The card says the same count for what it is.
+    assert "2 failed attempts in the last hour" in page
+    # The old address of the dashboard leads there.
+    old = client.get("/admin/django_taskloop/jobboard/dashboard/")
+    assert old.status_code == 302 and old["Location"] == reverse(URL)
