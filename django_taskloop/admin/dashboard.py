@@ -114,12 +114,14 @@ def _loop_card(summary: QueueSummary) -> dict[str, Any]:
 
 
 def _board_card(summary: QueueSummary) -> dict[str, Any]:
-    """The rows and charts of a board's card."""
+    """The rows and charts of a board's card (an empty board gets one line, no zeros)."""
     rows = [
         *_depth_rows(summary, JOB_STATE_LABELS),
         (_("oldest live claim"), humanize_seconds(summary.oldest_claim)),
         _waits_row(summary),
     ]
+    if summary.empty:
+        return {"empty": True, "rows": rows, "charts": []}
     chart = _depth_chart(summary, JOB_STATE_LABELS)
     return {"empty": False, "rows": rows, "charts": [chart]}
 
