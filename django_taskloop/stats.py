@@ -300,17 +300,6 @@ def loop_models() -> list[type[TaskLoop]]:
     return [m for m in apps.get_models() if issubclass(m, TaskLoop) and not m._meta.proxy]
 
 
-def failures_last_hour() -> dict[tuple[str, str], int]:
-    """Return ``{(kind, queue): failures}`` of the last hour (one grouped read of an index)."""
-    rows = (
-        Failure.objects.filter(at__gte=engine.DbNow(-3600))
-        .values_list("kind", "queue")
-        .annotate(n=Count("pk"))
-        .values_list("kind", "queue", "n")
-    )
-    return {(kind, queue): n for kind, queue, n in rows}
-
-
 def processed_last_hour() -> dict[tuple[str, str], tuple[int, int]]:
     """Return ``{(kind, queue): (done, failed)}``: the items workers settled in the last hour,
     and those whose handler raised (one grouped read of the per-minute throughput rows)."""
@@ -321,6 +310,17 @@ def processed_last_hour() -> dict[tuple[str, str], tuple[int, int]]:
         .values_list("kind", "queue", "done_sum", "failed_sum")
     )
     return {(kind, queue): (done or 0, failed or 0) for kind, queue, done, failed in rows}
+
+
+def failures_last_hour() -> dict[tuple[str, str], int]:
+    """Return ``{(kind, queue): failures}`` of the last hour (one grouped read of an index)."""
+    rows = (
+        Failure.objects.filter(at__gte=engine.DbNow(-3600))
+        .values_list("kind", "queue")
+        .annotate(n=Count("pk"))
+        .values_list("kind", "queue", "n")
+    )
+    return {(kind, queue): n for kind, queue, n in rows}
 
 
 def queue_summaries(
