@@ -13,13 +13,13 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, URLPattern, reverse
-from django.utils import timezone
 from django.utils.functional import Promise
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from ..engine import db_now
 from ..exceptions import TaskloopError
+from .display import ago_text, when_cell, when_text
 from .paginator import EstimatedCountPaginator
 
 _NOW: ContextVar[dt.datetime | None] = ContextVar("taskloop_admin_now", default=None)
@@ -128,6 +128,10 @@ class TaskloopModelAdmin(admin.ModelAdmin):
         """Return the "now" of the page being rendered (the database's clock)."""
         value = _NOW.get()
         return value if value is not None else db_now(self._alias())
+
+    def when(self, moment: dt.datetime | None, *, ago: bool = True) -> str:
+        """Return :func:`when_cell` of ``moment`` against the page's "now"."""
+        return when_cell(moment, self.now(), ago=ago)
 
     def get_paused_note(self, request: HttpRequest) -> str | None:
         """Return a note for the top of the list when what it shows is paused, else ``None``."""
@@ -321,44 +325,6 @@ def count_text(count: int, exact: bool = True, estimate: bool = False) -> str:
 def state_badge(label: str | Promise, css: str) -> str:
     """Return a coloured state label for a change list."""
     return format_html('<span class="tl-state tl-{}">{}</span>', css, label)
-
-
-def ago_text(seconds: float) -> str:
-    """Say how long ago ``seconds`` (negative: ahead) is: ``just now``, ``2 min ago``, ``in 3 h``."""
-    whole = abs(seconds)
-    if whole < 5:
-        return str(_("just now"))
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
-        if whole >= size:
-            amount = f"{int(whole // size)} {unit}"
-            break
-    return str(_("in %(time)s") if seconds < 0 else _("%(time)s ago")) % {"time": amount}
-
-
-def when_text(moment: dt.datetime) -> str:
-    """Return ``moment`` to the second in the current time zone: ``2026-11-26 15:04:05``."""
-    return _local(moment).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _local(moment: dt.datetime) -> dt.datetime:
-    return timezone.localtime(moment) if timezone.is_aware(moment) else moment
-
-
-def when_cell(moment: dt.datetime | None, now: dt.datetime, *, ago: bool = True) -> str:
-    """Return a time to the second, the date only when it is not today, with how long ago it
-    is beneath (``15:04:05`` / ``2 min ago``; not with ``ago=False``); the full date and time
-    as its tooltip."""
-    if moment is None:
-        return "—"
-    local, today = _local(moment), _local(now)
-    shown = local.strftime("%H:%M:%S" if local.date() == today.date() else "%b %d, %H:%M:%S")
-    return format_html(
-        '<time class="tl-when" datetime="{}" title="{}">{}</time><small class="tl-ago">{}</small>',
-        moment.isoformat(),
-        when_text(moment),
-        shown,
-        ago_text((now - moment).total_seconds()) if ago else "",
-    )
 
 
 def until_cell(deadline: dt.datetime | None, now: dt.datetime) -> str:

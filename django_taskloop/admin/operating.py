@@ -25,7 +25,8 @@ from ..engine import db_now
 from ..models import Failure, Job, JobBoard, Task, TaskRecord, Tube, WorkerProcess
 from ..reaper import loop_models
 from ..stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, django_tasks_queue
-from .base import TaskloopAdminMixin, humanize_seconds, seconds_between, when_cell, when_text
+from .base import TaskloopAdminMixin, humanize_seconds, seconds_between
+from .display import when_text
 
 __all__ = ["FailureAdmin", "WorkerProcessAdmin", "failure_history", "held_text", "register", "served_text"]
 
@@ -229,7 +230,7 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("at"), ordering="at")
     def failed_at(self, obj: Failure) -> str:
-        return when_cell(obj.at, self.now())
+        return self.when(obj.at)
 
     @admin.display(description=_("error"))
     def error_name(self, obj: Failure) -> str:

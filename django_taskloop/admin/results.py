@@ -24,7 +24,7 @@ from django.utils.translation import gettext_lazy as _
 from ..backends import short_result_id, taskloop_backend, taskloop_backends, waiting_results
 from ..conf import setting
 from ..models import TaskRecord, TaskRecordStatus
-from .base import TaskloopAdminMixin, humanize_seconds, state_badge, when_cell
+from .base import TaskloopAdminMixin, humanize_seconds, state_badge
 
 __all__ = ["TaskRecordAdmin", "register"]
 
@@ -172,7 +172,7 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("enqueued at"), ordering="enqueued_at")
     def enqueued(self, obj: TaskRecord) -> str:
-        return when_cell(obj.enqueued_at, self.now())
+        return self.when(obj.enqueued_at)
 
     @admin.display(description=_("id"))
     def short_id(self, obj: TaskRecord) -> str:
