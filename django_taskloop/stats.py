@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from django.apps import apps
 from django.db import router
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Q, QuerySet, Sum
 
 from . import engine
 from .models import (
@@ -33,6 +33,7 @@ from .models import (
     WorkerProcess,
 )
 from .models.operating import TASKS_TUBE_PREFIXES as _TASKS_TUBE_PREFIXES
+from .models.operating import Throughput
 from .models.tubes import TASK_STATES
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "board_summary",
     "capped_count",
     "failures_last_hour",
+    "processed_last_hour",
     "lock_ages",
     "loop_models",
     "loop_summary",
@@ -300,6 +302,18 @@ def lock_ages(model: type[TaskLoop], using: str | None = None, *, cap: int) -> d
 def loop_models() -> list[type[TaskLoop]]:
     """Return every concrete ``TaskLoop`` model of the installed apps (no proxies)."""
     return [m for m in apps.get_models() if issubclass(m, TaskLoop) and not m._meta.proxy]
+
+
+def processed_last_hour() -> dict[tuple[str, str], tuple[int, int]]:
+    """Return ``{(kind, queue): (done, failed)}``: the items workers settled in the last hour,
+    and those whose handler raised (one grouped read of the per-minute throughput rows)."""
+    rows = (
+        Throughput.objects.filter(minute__gte=engine.DbNow(-3600))
+        .values_list("kind", "queue")
+        .annotate(done_sum=Sum("done"), failed_sum=Sum("failed"))
+        .values_list("kind", "queue", "done_sum", "failed_sum")
+    )
+    return {(kind, queue): (done or 0, failed or 0) for kind, queue, done, failed in rows}
 
 
 def failures_last_hour() -> dict[tuple[str, str], int]:

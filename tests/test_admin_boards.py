@@ -195,3 +195,18 @@ def test_viewer_sees_no_actions_and_cannot_act(viewer, board):
     viewer.post(url, {"priority": "LOW", "details": "{}"})
     assert job("job-a").priority is JobPriority.HIGH
     assert viewer.get(reverse("admin:django_taskloop_jobboard_stats", args=[board.pk])).status_code == 200
+
+
+def test_a_trashed_jobs_page_is_read_only_and_links_the_job_it_was_reposted_as(boss, board):
+    trashed = job("job-d")
+    page = boss.get(reverse("admin:django_taskloop_job_change", args=[trashed.pk])).content.decode()
+    assert 'name="details"' not in page and 'name="priority"' not in page
+    assert 'name="_save"' not in page and 'name="_continue"' not in page
+    assert "View job" in page and ">normal<" in page
+    new = board.repost(trashed)
+    page = boss.get(reverse("admin:django_taskloop_job_change", args=[trashed.pk])).content.decode()
+    link = reverse("admin:django_taskloop_job_change", args=[new.pk])
+    assert f'<a href="{link}">{new.uuid}</a>' in page
+    # A live job's page still edits.
+    live = boss.get(reverse("admin:django_taskloop_job_change", args=[new.pk])).content.decode()
+    assert 'name="details"' in live and 'name="_save"' in live

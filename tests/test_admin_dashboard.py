@@ -40,7 +40,17 @@ def test_dashboard_shows_every_queue_with_charts(client, queues):
     assert "<title>locked: 2</title>" in page and "<title>new: 3</title>" in page  # the loop
     assert "<title>claimed: 1</title>" in page and "<title>unclaimed: 1</title>" in page  # the board
     assert "<title>ready: 3</title>" in page and "<title>buried: 1</title>" in page  # the tube
-    assert "Everything, by state" in page and "Oldest lock" in page
+    # The table of queues first: each queue's states, its oldest wait, what failed.
+    table = page.split('<table class="tl-queues">', 1)[1].split("</table>", 1)[0]
+    assert page.index('class="tl-queues"') < page.index('class="tl-chart"')
+    for queue in ("int loops", "builds", "emails"):
+        assert f'data-queue-row="{queue}"' in table
+    assert '<span class="tl-state tl-buried">buried 1</span>' in table  # the emails tube
+    assert '<span class="tl-state tl-buried">1 buried</span>' in table  # failed for good
+    assert '<span class="tl-state tl-bumped">bumped 2</span>' not in table  # locked, not bumped
+    assert '<span class="tl-state tl-locked">locked 2</span>' in table
+    # No chart of the oldest locks that reads "0 s" for a board that holds none.
+    assert "Oldest lock" not in page
     assert "<title>10–60 min: 2</title>" in page  # lock ages of the loop
     assert reverse("admin:testapp_intloop_stats") in page
     # Offline: no script or stylesheet from another host.
@@ -82,8 +92,12 @@ def test_bar_chart_escapes_labels_and_scales_bars():
     svg = bar_chart([("<b>", 10), ("half", 5), ("zero", 0)], title="T & t", width=420)
     assert "&lt;b&gt;" in svg and "<b>" not in svg
     assert "T &amp; t" in svg
-    widths = [int(w) for w in re.findall(r'<rect x="\d+" y="[\d.]+" width="(\d+)"', svg)]
+    widths = [float(w) for w in re.findall(r'<rect x="[\d.]+%" y="[\d.]+" width="([\d.]+)%"', svg)]
     assert widths[0] == 2 * widths[1] and widths[2] == 0
+    # As wide as its card: no fixed width, no scaling of its text.
+    assert (
+        '<svg class="tl-chart" role="img" aria-label="T &amp; t" width="100%"' in svg and "viewBox" not in svg
+    )
     assert "no data" in bar_chart([], title="empty")
 
 
@@ -99,6 +113,8 @@ def test_expired_task_is_not_ready_on_the_dashboard(client):
     page = client.get(reverse(URL)).content.decode()
     assert "<title>expired: 1</title>" in page and "<title>buried: 1</title>" in page
     assert "<title>ready: 1</title>" not in page
+    # One colour per state: the expired task's bar is grey, as in the task list (tl-ttl).
+    assert re.search(r'class="tl-ttl"[^>]*><title>expired: 1</title>', page)
 
 
 def test_an_expired_job_claim_is_the_boards_oldest_ready_work_on_the_dashboard(client):
@@ -126,3 +142,31 @@ def test_a_bumped_loop_id_is_bumped_on_the_dashboard(client):
     page = client.get(reverse(URL)).content.decode()
     assert "<title>bumped: 1</title>" in page and "<title>idle: 1</title>" in page
     assert "<title>new: 1</title>" in page
+
+
+def test_the_table_of_queues_says_rate_failed_attempts_and_what_failed_for_good(client, queues):
+    from django_taskloop.models import Failure
+    from django_taskloop.models.operating import record_throughput
+    from django_taskloop.stats import processed_last_hour
+
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    record_throughput("task", "emails", done=120, failed=2)
+    for attempt in (1, 2):
+        try:
+            raise ConnectionError("smtp down")
+        except ConnectionError as error:
+            Failure.objects.record(
+                kind="task", queue="emails", item=1, attempt=attempt, worker="w", error=error
+            )
+    assert processed_last_hour() == {("task", "emails"): (120, 2)}
+    page = client.get(reverse(URL)).content.decode()
+    row = page.split('data-queue-row="emails"', 1)[1].split("</tr>", 1)[0]
+    cells = re.findall(r'<td class="num"[^>]*>(.*?)</td>', row, re.S)
+    assert cells[1] == "2.0"  # done per minute over the last hour
+    assert ">2</a>" in cells[2]  # failed attempts in the last hour, linked to them
+    assert "1 buried" in cells[3]  # what failed for good: one task, whatever its attempts
+    # The card says the same count for what it is.
+    assert "2 failed attempts in the last hour" in page
+    # The old address of the dashboard leads there.
+    old = client.get("/admin/django_taskloop/jobboard/dashboard/")
+    assert old.status_code == 302 and old["Location"] == reverse(URL)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
+from django.utils import timezone
 
 from django_taskloop.models import Failure, Job, JobBoard, Task, Tube, WorkerProcess
 
@@ -36,10 +37,10 @@ def test_failures_list_filters_by_queue_and_error_and_links_the_item(boss, burie
     fail("job", "builds", "some-uuid", 1, "compiler crashed")
     url = reverse("admin:django_taskloop_failure_changelist")
     page = boss.get(url).content.decode()
-    assert page.count("smtp down") == 3 and "compiler crashed" in page
+    assert page.count('title="smtp down') == 3 and "compiler crashed" in page
     assert reverse("admin:django_taskloop_task_change", args=[task.pk]) in page
     only = boss.get(url, {"queue": "task:emails"}).content.decode()
-    assert "compiler crashed" not in only and only.count("smtp down") == 3
+    assert "compiler crashed" not in only and only.count('title="smtp down') == 3
     by_error = boss.get(url, {"error": "builtins.ConnectionError"}).content.decode()
     assert by_error.count("ConnectionError") >= 4
     detail = boss.get(reverse("admin:django_taskloop_failure_change", args=[Failure.objects.first().pk]))
@@ -157,7 +158,7 @@ def test_the_dashboard_shows_throughput_failures_pauses_workers_and_is_linked_fr
     assert reverse("admin:django_taskloop_dashboard") in index
     page = boss.get(reverse("admin:django_taskloop_dashboard")).content.decode()
     assert "Processed per minute, last hour" in page and "Processed per half hour, last day" in page
-    assert "3 failed in the last hour" in page
+    assert "3 failed attempts in the last hour" in page
     assert "web-1:42:worker" in page
     assert "oldest ready waits" in page
     # Pause from the dashboard, and see it marked.
@@ -287,3 +288,29 @@ def test_the_dashboard_is_a_url_of_the_site_and_its_old_url_redirects_there(boss
     old = boss.get("/admin/django_taskloop/jobboard/dashboard/")
     assert old.status_code == 302 and old["Location"] == dashboard
     assert boss.get(dashboard).status_code == 200
+
+
+def test_failure_times_read_to_the_second_and_how_long_ago(boss, buried):
+    page = boss.get(reverse("admin:django_taskloop_failure_changelist")).content.decode()
+    failure = Failure.objects.first()
+    assert failure is not None
+    at = timezone.localtime(failure.at)  # in the current time zone, as the admin shows times
+    assert f">{at:%H:%M:%S}</time>" in page and "just now" in page
+    assert f'title="{at:%Y-%m-%d %H:%M:%S}"' in page
+
+
+def test_the_failures_filter_offers_only_queues_that_failed(boss, buried):
+    Tube.objects.create_tube("never-failed", "fifo")
+    JobBoard.objects.create_board("calm")
+    page = boss.get(reverse("admin:django_taskloop_failure_changelist")).content.decode()
+    assert "?queue=task%3Aemails" in page
+    assert "never-failed" not in page and "job%3Acalm" not in page and "loop%3A" not in page
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_workers_list_says_no_capped_count_under_a_few_rows(boss, workers):
+    for n in range(workers):
+        WorkerProcess.objects.beat(f"w{n}", host="web", pid=n, queues=["task:emails"], holding={})
+    page = boss.get(reverse("admin:django_taskloop_workerprocess_changelist")).content.decode()
+    assert "counting stops there" not in page and "More than" not in page
+    assert f'<span class="tl-total">{workers}</span> worker process' in page

@@ -157,3 +157,11 @@ def test_expired_task_is_not_ready_in_the_results_list(boss):
     assert "Failed (ttl ran out)" in detail
     fresh = boss.get(reverse("admin:django_taskloop_taskrecord_change", args=[in_time.id])).content.decode()
     assert "Failed (ttl ran out)" not in fresh
+
+
+def test_the_results_page_title_is_a_title_and_its_times_read_to_the_second(boss, finished):
+    page = boss.get(reverse(LIST)).content.decode()
+    title = page.split("<title>", 1)[1].split("</title>", 1)[0]
+    assert "kept" not in title and "Django task result" in title
+    assert 'class="help tl-retention">Finished results are kept 7d' in page
+    assert page.count('<time class="tl-when"') >= 3

@@ -10,8 +10,13 @@ Imported by ``admin.autodiscover()``. It registers ``JobBoard``/``Job`` (the tra
   a "release" action are added to yours).
 - Every loop, board and tube has a statistics page (its ``stats()``/``statistics()``), and
   ``admin:django_taskloop_dashboard`` (``<admin>/django_taskloop/dashboard/``, a URL of the
-  site itself, linked from the app index and every list) shows them all with server-side SVG
-  charts. ``<admin>/django_taskloop/jobboard/dashboard/``, where it was, redirects there.
+  site itself, linked from the app index and every list) shows them all: a table of every
+  queue (counts by state, oldest wait, rate, failed attempts of the last hour, what failed for
+  good, paused), throughput charts as wide as their cards (server-side SVG), the live workers,
+  and a card per queue. ``<admin>/django_taskloop/jobboard/dashboard/``, where it was,
+  redirects there.
+- Times read to the second with how long ago beneath (``base.when_cell``); every list fits
+  1280 px with the sidebar and the filters open.
 - Actions call the facades' verbs; a staff user without the change permission gets none.
 - Built for millions of rows: pagination never counts a whole table
   (:class:`EstimatedCountPaginator`), list orders and sorts follow indexes, no facet counts.

@@ -19,6 +19,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..engine import db_now
 from ..exceptions import TaskloopError
+from .display import ago_text, when_cell, when_text
 from .paginator import EstimatedCountPaginator
 
 _NOW: ContextVar[dt.datetime | None] = ContextVar("taskloop_admin_now", default=None)
@@ -35,6 +36,9 @@ __all__ = [
     "state_badge",
     "count_text",
     "until_cell",
+    "ago_text",
+    "when_cell",
+    "when_text",
 ]
 
 
@@ -125,6 +129,10 @@ class TaskloopModelAdmin(admin.ModelAdmin):
         value = _NOW.get()
         return value if value is not None else db_now(self._alias())
 
+    def when(self, moment: dt.datetime | None, *, ago: bool = True) -> str:
+        """Return :func:`when_cell` of ``moment`` against the page's "now"."""
+        return when_cell(moment, self.now(), ago=ago)
+
     def get_paused_note(self, request: HttpRequest) -> str | None:
         """Return a note for the top of the list when what it shows is paused, else ``None``."""
         return None
@@ -132,6 +140,10 @@ class TaskloopModelAdmin(admin.ModelAdmin):
     #: Nothing on an item's page is editable (its rows are written by verbs, not forms): the
     #: page shows no Save buttons.
     read_only_page = False
+
+    def is_read_only(self, obj: Any) -> bool:
+        """Whether ``obj``'s page offers nothing to edit (no Save), whatever the permissions."""
+        return False
 
     def get_retry(self, obj: Any) -> Retry:
         """Return ``(button label, verb)`` to retry ``obj`` from its page, or ``None``."""
@@ -172,10 +184,11 @@ class TaskloopModelAdmin(admin.ModelAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         extra_context = dict(extra_context or {})
-        if self.read_only_page:
+        obj = None if object_id is None else self.get_object(request, object_id)
+        if self.read_only_page or (obj is not None and self.is_read_only(obj)):
             extra_context.update(show_save=False, show_save_and_continue=False)
+            extra_context.setdefault("title", _("View %s") % self.opts.verbose_name)
         if object_id is not None:
-            obj = self.get_object(request, object_id)
             retry = None if obj is None else self.get_retry(obj)
             if obj is not None and retry is not None and self.has_change_permission(request, obj):
                 extra_context["taskloop_retry"] = (retry[0], self.admin_url("retry", obj.pk))

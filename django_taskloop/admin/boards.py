@@ -30,6 +30,7 @@ from .base import (
     seconds_between,
     state_badge,
     until_cell,
+    when_cell,
 )
 from .charts import bar_chart
 from .operating import failure_history, last_failure_note, progress_html
@@ -42,6 +43,11 @@ JOB_STATE_LABELS = {
     "expired": _("expired claim"),
     "trashed": _("trashed"),
 }
+
+
+def priority_text(priority: Any) -> str:
+    """Name a priority as the priority filter does: ``very high``, not ``VERY_HIGH``."""
+    return priority.name.replace("_", " ").lower() if isinstance(priority, JobPriority) else str(priority)
 
 
 def admin_identity(request: HttpRequest) -> str:
@@ -152,10 +158,9 @@ class JobAdmin(TaskloopModelAdmin):
         "board_name",
         "priority_display",
         "owner_display",
-        "claim_ends",
         "attempts",
         "age",
-        "last_modified",
+        "modified",
         "short_uuid",
     )
     list_display_links = ("name",)
@@ -187,7 +192,7 @@ class JobAdmin(TaskloopModelAdmin):
         "last_modified",
         "trashed_by",
         "trashed_at",
-        "reposted_as",
+        "reposted_as_link",
         "attempts",
         "failures",
         "progress",
@@ -197,7 +202,7 @@ class JobAdmin(TaskloopModelAdmin):
         (_("Claim"), {"fields": ("claimed_by", "claim_expires_at")}),
         (
             _("History"),
-            {"fields": ("created_on", "last_modified", "trashed_by", "trashed_at", "reposted_as")},
+            {"fields": ("created_on", "last_modified", "trashed_by", "trashed_at", "reposted_as_link")},
         ),
         (_("Attempts and failures"), {"fields": ("attempts", "failures")}),
     )
@@ -211,6 +216,44 @@ class JobAdmin(TaskloopModelAdmin):
                 % {"name": board.name}
             )
         return None
+
+    def is_read_only(self, obj: Job) -> bool:
+        # A trashed job cannot be edited (JobForm.clean says so): re-post it, edit the new one.
+        return bool(obj.trashed)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        trashed = obj is not None and obj.trashed
+        return (*fields, "priority", "priority_display", "details") if trashed else fields
+
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not obj.trashed:
+            return fieldsets
+        # Shown, not edited: the priority by its name.
+        return [
+            (
+                name,
+                {
+                    **options,
+                    "fields": [f if f != "priority" else "priority_display" for f in options["fields"]],
+                },
+            )
+            for name, options in fieldsets
+        ]
+
+    @admin.display(description=_("reposted as"))
+    def reposted_as_link(self, obj: Job) -> str:
+        if not obj.reposted_as:
+            return "—"
+        new = Job.objects.db_manager(obj._state.db).filter(uuid=obj.reposted_as).only("pk").first()
+        if new is None:  # consumed since
+            return format_html("{} <small>{}</small>", obj.reposted_as, _("(consumed or gone)"))
+        return format_html('<a href="{}">{}</a>', self.admin_url("change", new.pk), obj.reposted_as)
+
+    @admin.display(description=_("last modified"), ordering="last_modified")
+    def modified(self, obj: Job) -> str:
+        return when_cell(obj.last_modified, self.now())
 
     def get_retry(self, obj: Job) -> Retry:
         if obj.trashed and not obj.reposted_as:
@@ -268,14 +311,18 @@ class JobAdmin(TaskloopModelAdmin):
 
     @admin.display(description=_("priority"), ordering="priority")
     def priority_display(self, obj: Job) -> str:
-        priority = obj.priority
-        return priority.name if isinstance(priority, JobPriority) else str(priority)
+        return priority_text(obj.priority)
 
     @admin.display(description=_("owner"))
     def owner_display(self, obj: Job) -> str:
+        # Who holds it and, beneath, until when (one column for both: the list fits 1280 px).
         if obj.trashed:
-            return format_html("<small>{}</small> {}", _("trashed by"), obj.trashed_by or "?")
-        return obj.claimed_by or "—"
+            # Its state cell says trashed: who did it is enough here (the whole on hover).
+            who = obj.trashed_by or "?"
+            return format_html('<span title="{} {}">{}</span>', _("trashed by"), who, who)
+        if obj.claimed_by is None:
+            return "—"
+        return format_html('{}<small class="tl-ago">{}</small>', obj.claimed_by, self.claim_ends(obj))
 
     @admin.display(description=_("uuid"))
     def short_uuid(self, obj: Job) -> str:
@@ -356,7 +403,7 @@ class JobAdmin(TaskloopModelAdmin):
 class JobBoardAdmin(TaskloopModelAdmin):
     """Boards, with their job counts and a statistics page each. Hosts the dashboard."""
 
-    list_display = ("name", "running", "live_jobs", "links", "created_on")
+    list_display = ("name", "running", "live_jobs", "links", "created")
     search_fields = ("name",)
     ordering = ("name",)
     readonly_fields = ("created_on",)
@@ -390,6 +437,10 @@ class JobBoardAdmin(TaskloopModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.display(description=_("created on"), ordering="created_on")
+    def created(self, obj: JobBoard) -> str:
+        return when_cell(obj.created_on, self.now())
 
     @admin.display(description=_("live jobs"))
     def live_jobs(self, obj: JobBoard) -> int:
@@ -448,7 +499,7 @@ class JobBoardAdmin(TaskloopModelAdmin):
             "object_url": self.admin_url("change", board.pk),
             "rows": rows,
             "charts": [
-                bar_chart(by_state, title=str(_("Jobs by state"))),
+                bar_chart(by_state, title=str(_("Jobs by state")), states=list(summary.counts)),
                 bar_chart(list(by_priority.items()), title=str(_("Live jobs by priority"))),
             ],
             "changelist_url": self.admin_url("changelist"),
@@ -461,11 +512,11 @@ class JobBoardAdmin(TaskloopModelAdmin):
 class ConsumedJobAdmin(TaskloopModelAdmin):
     """History of consumed jobs (kept for ``JOB_HISTORY_RETENTION`` seconds); read-only."""
 
-    list_display = ("name", "board", "priority", "consumed_by", "consumed_at", "created_on", "uuid")
+    list_display = ("name", "board", "priority_name", "consumed_by", "consumed", "created", "short_uuid")
     list_filter = ("board", ("consumed_at", DateTimeRangeFilterBuilder(title=_("consumed at"))))
     search_fields = ("=uuid", "name")
     ordering = ("-consumed_at",)
-    sortable_by = ("consumed_at",)
+    sortable_by = ("consumed",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -473,11 +524,27 @@ class ConsumedJobAdmin(TaskloopModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    @admin.display(description=_("priority"))
+    def priority_name(self, obj: ConsumedJob) -> str:
+        return priority_text(obj.priority)
+
+    @admin.display(description=_("consumed at"), ordering="consumed_at")
+    def consumed(self, obj: ConsumedJob) -> str:
+        return when_cell(obj.consumed_at, self.now())
+
+    @admin.display(description=_("created on"))
+    def created(self, obj: ConsumedJob) -> str:
+        return when_cell(obj.created_on, self.now())
+
+    @admin.display(description=_("uuid"))
+    def short_uuid(self, obj: ConsumedJob) -> str:
+        return format_html('<code title="{}">{}…</code>', obj.uuid, obj.uuid[:8])
+
 
 class BoardEntityAdmin(TaskloopModelAdmin):
     """Entities registered on boards, with how long ago each was last seen."""
 
-    list_display = ("name", "kind", "board", "seen", "registered_on")
+    list_display = ("name", "kind", "board", "seen", "registered")
     list_filter = ("board", "kind", ("last_seen", DateTimeRangeFilterBuilder(title=_("last seen"))))
     search_fields = ("name",)
     ordering = ("kind", "name")
@@ -488,9 +555,13 @@ class BoardEntityAdmin(TaskloopModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    @admin.display(description=_("registered on"), ordering="registered_on")
+    def registered(self, obj: BoardEntity) -> str:
+        return when_cell(obj.registered_on, self.now())
+
     @admin.display(description=_("last seen"), ordering="last_seen")
     def seen(self, obj: BoardEntity) -> str:
-        return until_cell(obj.last_seen, self.now())
+        return when_cell(obj.last_seen, self.now())
 
 
 def register(site: admin.AdminSite) -> None:

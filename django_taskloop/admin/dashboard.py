@@ -10,6 +10,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy as _lazy
@@ -27,6 +28,7 @@ from ..stats import (
     QueueSummary,
     lock_ages,
     merge_django_tasks,
+    processed_last_hour,
     queue_summaries,
 )
 from .base import count_text, dashboard_url, humanize_seconds, seconds_between
@@ -53,6 +55,12 @@ def _url(site: admin.AdminSite, model: Any, view: str, *args: Any) -> str | None
         )
     except NoReverseMatch:
         return None
+
+
+def _depth_chart(summary: QueueSummary, labels: Mapping[str, Any] | None = None) -> SafeString:
+    """Return the bar chart of a queue's states, each bar in its state's colour."""
+    states = [state_css(summary.kind, state) for state in summary.counts]
+    return bar_chart(_depth_bars(summary, labels), title=_("Queue depth by state"), states=states)
 
 
 def _depth_bars(summary: QueueSummary, labels: Mapping[str, Any] | None = None) -> list[tuple[str, float]]:
@@ -95,24 +103,26 @@ def _loop_card(summary: QueueSummary) -> dict[str, Any]:
     ages = lock_ages(model, summary.using, cap=DASHBOARD_COUNT_CAP)
     rows = [
         *_depth_rows(summary),
-        (_("most overdue"), humanize_seconds(summary.oldest_ready or 0.0)),
-        (_("longest lock left"), humanize_seconds(summary.longest_lock_left or 0.0)),
+        (_("most overdue"), humanize_seconds(summary.oldest_ready)),
+        (_("longest lock left"), humanize_seconds(summary.longest_lock_left)),
     ]
     charts = [
-        bar_chart(_depth_bars(summary), title=_("Queue depth by state")),
+        _depth_chart(summary),
         bar_chart(list(ages.items()), title=_("Locks by time until they end")),
     ]
     return {"empty": False, "rows": rows, "charts": charts}
 
 
 def _board_card(summary: QueueSummary) -> dict[str, Any]:
-    """The rows and charts of a board's card."""
+    """The rows and charts of a board's card (an empty board gets one line, no zeros)."""
     rows = [
         *_depth_rows(summary, JOB_STATE_LABELS),
         (_("oldest live claim"), humanize_seconds(summary.oldest_claim)),
         _waits_row(summary),
     ]
-    chart = bar_chart(_depth_bars(summary, JOB_STATE_LABELS), title=_("Queue depth by state"))
+    if summary.empty:
+        return {"empty": True, "rows": rows, "charts": []}
+    chart = _depth_chart(summary, JOB_STATE_LABELS)
     return {"empty": False, "rows": rows, "charts": [chart]}
 
 
@@ -121,7 +131,7 @@ def _tube_card(summary: QueueSummary) -> dict[str, Any]:
     rows = [*_depth_rows(summary), _waits_row(summary)]
     if summary.empty:
         return {"empty": True, "rows": rows, "charts": []}
-    chart = bar_chart(_depth_bars(summary), title=_("Queue depth by state"))
+    chart = _depth_chart(summary)
     return {"empty": False, "rows": rows, "charts": [chart]}
 
 
@@ -130,7 +140,7 @@ def _tasks_card(summary: QueueSummary) -> dict[str, Any]:
     rows = [*_depth_rows(summary, DJANGO_TASK_STATE_LABELS), _waits_row(summary)]
     if summary.empty:
         return {"empty": True, "rows": rows, "charts": []}
-    chart = bar_chart(_depth_bars(summary, DJANGO_TASK_STATE_LABELS), title=_("Queue depth by state"))
+    chart = _depth_chart(summary, DJANGO_TASK_STATE_LABELS)
     return {"empty": False, "rows": rows, "charts": [chart]}
 
 
@@ -205,54 +215,74 @@ def _visible_summaries(request: HttpRequest, site: admin.AdminSite) -> list[Queu
     return merge_django_tasks(queue_summaries(kinds, cap=DASHBOARD_COUNT_CAP, limit=MAX_QUEUES, loops=loops))
 
 
-def _summary_charts(summaries: list[QueueSummary]) -> list[SafeString]:
-    """Return the charts over every queue: items by state, and the oldest locks."""
-    totals: dict[str, int] = {}
-    capped: set[str] = set()  # totals that include a count stopped at the cap
-    oldest: list[tuple[str, float]] = []
-    for summary in summaries:
-        for state, (count, exact) in summary.depth().items():
-            key = f"{summary.kind} {state}"
-            if summary.kind == DJANGO_TASK:
-                key = f"Django {DJANGO_TASK_STATE_LABELS[state]}"
-            totals[key] = totals.get(key, 0) + count
-            if not exact:
-                capped.add(key)
-        if summary.kind == "job":
-            oldest.append((f"board {summary.name}", summary.oldest_claim or 0.0))
-        elif summary.kind == "loop" and not summary.empty:
-            oldest.append((summary.title, summary.oldest_ready or 0.0))
-    charts = []
-    if totals:
-        depth: list[tuple[str, float]] = [
-            (f"{n} (≥)" if n in capped else n, count) for n, count in totals.items()
-        ]
-        charts.append(
-            bar_chart(depth, title=_("Everything, by state (≥: counting stopped there)"), width=520)
-        )
-    if oldest:
-        ages = [(label, round(seconds, 1)) for label, seconds in oldest]
-        title = _("Oldest lock: most overdue loop id, oldest live job claim")
-        charts.append(bar_chart(ages, title=title, unit="s", width=520))
-    return charts
+def state_css(kind: str, state: str) -> str:
+    """Return the admin.css class (without ``tl-``) of ``state`` of a queue of ``kind``: its
+    badge's colour (a tube task whose ttl ran out is grey, as in the task list; elsewhere
+    "expired" is a lease that ran out, free to run again)."""
+    return "ttl" if kind in ("task", DJANGO_TASK) and state == "expired" else state
+
+
+#: What stays in a queue after failing for good, waiting for an operator.
+FAILED_FOR_GOOD = {"task": "buried", DJANGO_TASK: "buried", "job": "trashed"}
+
+
+def _state_labels(kind: str) -> Mapping[str, Any] | None:
+    return {"job": JOB_STATE_LABELS, DJANGO_TASK: DJANGO_TASK_STATE_LABELS}.get(kind)
+
+
+def _processed(
+    summary: QueueSummary, processed: Mapping[tuple[str, str], tuple[int, int]]
+) -> tuple[int, int]:
+    """Return ``(done, failed)`` of the last hour of a queue (a Django Tasks queue: its tubes')."""
+    if summary.kind == DJANGO_TASK:
+        pairs = [processed.get(("task", tube.name), (0, 0)) for tube in summary.tubes]
+        return sum(done for done, _f in pairs), sum(failed for _d, failed in pairs)
+    return processed.get((summary.kind, summary.name), (0, 0))
+
+
+def _queue_row(summary: QueueSummary, card: dict[str, Any], processed: Any) -> dict[str, Any]:
+    """Return one row of the table of queues: states, rate, oldest wait, failures, paused."""
+    labels = _state_labels(summary.kind)
+    chips = [
+        (str(labels[state]) if labels else state, count_text(count, exact), state_css(summary.kind, state))
+        for state, (count, exact) in summary.depth().items()
+        if count
+    ]
+    done, _failed = _processed(summary, processed)
+    good = FAILED_FOR_GOOD.get(summary.kind)
+    return {
+        **card,
+        "states": chips,
+        "wait": humanize_seconds(summary.oldest_ready) if summary.oldest_ready is not None else "—",
+        "rate": f"{done / 60:.1f}" if done else "—",
+        "done": f"{done:,}",
+        "for_good": count_text(*summary.depth()[good]) if good else "",
+        "for_good_state": good,
+        "empty": summary.empty,
+    }
 
 
 def _throughput_charts() -> list[SafeString]:
-    """Return the processed-items charts of the last hour and day (none if the day was idle)."""
+    """Return the processed-items charts of the last hour and day (none if the day was idle);
+    the day's axis names the dates."""
     hour = throughput_series("*", None, 3600, 60)
     day = throughput_series("*", None, 24 * 3600, 1800)
     if not any(done or failed or back for _t, done, failed, back in day):
         return []
     return [
         time_chart(
-            [(t.strftime("%H:%M"), (done, failed, back)) for t, done, failed, back in points],
+            [(_local(t).strftime(when), (done, failed, back)) for t, done, failed, back in points],
             title=title,
         )
-        for points, title in (
-            (hour, _("Processed per minute, last hour")),
-            (day, _("Processed per half hour, last day")),
+        for points, title, when in (
+            (hour, _("Processed per minute, last hour"), "%H:%M"),
+            (day, _("Processed per half hour, last day"), "%b %d, %H:%M"),
         )
     ]
+
+
+def _local(moment: Any) -> Any:
+    return timezone.localtime(moment) if timezone.is_aware(moment) else moment
 
 
 def _workers() -> list[dict[str, Any]]:
@@ -276,11 +306,14 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
     """Return the cards of the dashboard: what the user may see of loops, boards and tubes."""
     summaries = _visible_summaries(request, site)
     cards = [_card(summary, request, site) for summary in summaries]
+    processed = processed_last_hour()
+    rows = [_queue_row(summary, card, processed) for summary, card in zip(summaries, cards, strict=True)]
+    rows.sort(key=lambda row: bool(row["empty"]))
     # Queues with work first; empty ones last, small.
     cards.sort(key=lambda card: bool(card["empty"]))
     return {
+        "queues": rows,
         "cards": cards,
-        "summary": _summary_charts(summaries),
         "throughput": _throughput_charts(),
         "workers": _workers(),
         "workers_url": _url(site, WorkerProcess, "changelist"),

@@ -29,6 +29,7 @@ from .base import (
     seconds_between,
     state_badge,
     until_cell,
+    when_cell,
 )
 from .charts import bar_chart
 from .operating import failure_history, progress_html
@@ -85,6 +86,7 @@ def depth_chart(depth: dict[str, tuple[int, bool]], title: str) -> Any:
             for name, (count, exact) in depth.items()
         ],
         title=title,
+        states=list(depth),  # each bar in its state's colour, as the badges
     )
 
 
@@ -115,7 +117,7 @@ class TaskLoopAdmin(TaskloopModelAdmin):
             list_per_page = 100
     """
 
-    list_display = ("pk_display", "loop_state", "last_updated", "since_updated", "lock_until", "lock_ends")
+    list_display = ("pk_display", "loop_state", "updated", "lock_until_at", "lock_ends")
     list_filter = (
         LoopStateFilter,
         ("lock_until", DateTimeRangeFilterBuilder(title=_("lock until"))),
@@ -123,7 +125,7 @@ class TaskLoopAdmin(TaskloopModelAdmin):
     )
     # Sorting by an unindexed column would sort the whole table: only the primary key and
     # the claim index's leading column are offered.
-    sortable_by = ("pk_display", "lock_until", "lock_ends")
+    sortable_by = ("pk_display", "lock_until_at", "lock_ends")
     ordering = ("-pk",)
     search_fields = ("=pk",)
     search_help_text = _("An id.")
@@ -194,6 +196,14 @@ class TaskLoopAdmin(TaskloopModelAdmin):
     @admin.display(description=_("since updated"))
     def since_updated(self, obj: TaskLoop) -> str:
         return humanize_seconds(seconds_between(self.now(), obj.last_updated))
+
+    @admin.display(description=_("last updated"))
+    def updated(self, obj: TaskLoop) -> str:
+        return when_cell(obj.last_updated, self.now())
+
+    @admin.display(description=_("lock until"), ordering="lock_until")
+    def lock_until_at(self, obj: TaskLoop) -> str:
+        return when_cell(obj.lock_until, self.now(), ago=False)
 
     @admin.display(description=_("lock ends"), ordering="lock_until")
     def lock_ends(self, obj: TaskLoop) -> str:

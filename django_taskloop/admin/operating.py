@@ -28,6 +28,7 @@ from ..models import Failure, Job, JobBoard, Task, TaskRecord, Tube, WorkerProce
 from ..reaper import loop_models
 from ..stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, django_tasks_queue, running_progress
 from .base import TaskloopAdminMixin, humanize_seconds, seconds_between
+from .display import when_text
 
 __all__ = [
     "FailureAdmin",
@@ -114,17 +115,22 @@ def failure_history(obj: Any, site_name: str = "admin") -> str:
 
 
 def last_failure_note(obj: Any) -> str:
-    """Say why and when a buried task or trashed job ended there (its last failure)."""
+    """Say why and when a buried task or trashed job ended there (its last failure): two lines
+    at most in a list, the whole message and time on hover."""
     failure = Failure.objects.for_item(obj).first()
     if failure is None:
         return ""
+    error = failure.error.rsplit(".", 1)[-1]
     return format_html(
-        '<span class="tl-why" title="{}">{}: {} <span class="tl-when">({} {})</span></span>',
-        failure.at.strftime("%Y-%m-%d %H:%M:%S"),
-        failure.error.rsplit(".", 1)[-1],
-        Truncator(failure.message).chars(60),
+        '<span class="tl-why tl-clamp" title="{}: {} ({} {})">{}: {} <span class="tl-when">({} {})</span></span>',
+        error,
+        failure.message,
         _("attempt %(n)s,") % {"n": failure.attempt},
-        failure.at.strftime("%b %d %H:%M"),
+        when_text(failure.at),
+        error,
+        Truncator(failure.message).chars(120),
+        _("attempt %(n)s,") % {"n": failure.attempt},
+        when_text(failure.at),
     )
 
 
@@ -148,6 +154,8 @@ class FailureErrorFilter(admin.SimpleListFilter):
 
 
 class FailureQueueFilter(admin.SimpleListFilter):
+    """The queues that have failures (a queue that never failed is not offered)."""
+
     title = _("queue")
     parameter_name = "queue"
 
@@ -155,23 +163,20 @@ class FailureQueueFilter(admin.SimpleListFilter):
         # A Django Tasks queue once, by its Django name; its tubes are not listed (the URL
         # ?queue=task:tasks.default still filters by one, for an operator).
         tubes = Tube.objects.order_by("name").values_list("name", flat=True)[:100]
-        choices: list[tuple[str, Any]] = []
+        choices: dict[str, Any] = {}
         for name in tubes:
             queue = django_tasks_queue(name)
             if queue is None:
-                choices.append((f"task:{name}", f"task:{name}"))
-            elif (f"{DJANGO_TASK}:{queue}", _tasks_title(queue)) not in choices:
-                choices.append((f"{DJANGO_TASK}:{queue}", _tasks_title(queue)))
-        choices += [
-            (f"job:{name}", f"job:{name}")
-            for name in JobBoard.objects.order_by("name").values_list("name", flat=True)[:100]
-        ]
-        choices += [
-            (f"loop:{model._meta.label_lower}", f"loop:{model._meta.label_lower}")
-            for model in loop_models()
-            if not model._meta.proxy
-        ]
-        return choices
+                choices.setdefault(f"task:{name}", f"task:{name}")
+            else:
+                choices.setdefault(f"{DJANGO_TASK}:{queue}", _tasks_title(queue))
+        for name in JobBoard.objects.order_by("name").values_list("name", flat=True)[:100]:
+            choices[f"job:{name}"] = f"job:{name}"
+        for model in loop_models():
+            if not model._meta.proxy:
+                choices[f"loop:{model._meta.label_lower}"] = f"loop:{model._meta.label_lower}"
+        # One read of the (kind, queue, item) index per queue: queues are few, failures many.
+        return [(value, label) for value, label in choices.items() if _failed(value)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
@@ -181,6 +186,20 @@ class FailureQueueFilter(admin.SimpleListFilter):
         if kind == DJANGO_TASK:
             return queryset.filter(kind="task", queue__in=[prefix + queue for prefix in TASKS_TUBE_PREFIXES])
         return queryset.filter(kind=kind, queue=queue)
+
+
+def _failures_of(value: str) -> QuerySet[Failure]:
+    """Return the failures of the filter's ``kind:queue`` (a Django Tasks queue: its tubes')."""
+    kind, _sep, queue = value.partition(":")
+    if kind == DJANGO_TASK:
+        return Failure.objects.filter(
+            kind="task", queue__in=[prefix + queue for prefix in TASKS_TUBE_PREFIXES]
+        )
+    return Failure.objects.filter(kind=kind, queue=queue)
+
+
+def _failed(value: str) -> bool:
+    return _failures_of(value).exists()
 
 
 def _tasks_title(queue: str) -> str:
@@ -198,13 +217,14 @@ def _result_id(failure: Failure) -> str | None:
 class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     """Every failure a worker saw, newest first: what failed, why, where, which attempt."""
 
-    # Six columns leave the message readable at 1280 px; the worker is on each failure's page.
-    list_display = ("at", "where", "item_link", "attempt", "error_name", "message_preview")
+    # Five columns leave the message readable at 1280 px with both sidebars: the error and its
+    # message share one (two lines of it; the whole on hover and on the failure's page).
+    list_display = ("failed_at", "where", "item_link", "attempt", "error_name")
     list_filter = (FailureQueueFilter, "kind", FailureErrorFilter)
     search_fields = ("=item",)
     search_help_text = _("A tube task id, job uuid, loop id or Django task result id.")
     ordering = ("-at", "-id")
-    sortable_by = ("at",)
+    sortable_by = ("failed_at",)
     readonly_fields = (
         "kind",
         "where",
@@ -213,7 +233,7 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         "worker",
         "error",
         "message",
-        "at",
+        "failed_at",
         "traceback_block",
     )
     fields = readonly_fields
@@ -238,9 +258,19 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             return format_html('<small>Django Tasks</small> <span title="{}">{}</span>', obj.queue, queue)
         return format_html("<small>{}</small> {}", obj.kind, obj.queue)
 
+    @admin.display(description=_("at"), ordering="at")
+    def failed_at(self, obj: Failure) -> str:
+        return self.when(obj.at)
+
     @admin.display(description=_("error"))
     def error_name(self, obj: Failure) -> str:
-        return format_html('<code title="{}">{}</code>', obj.error, obj.error.rsplit(".", 1)[-1])
+        return format_html(
+            '<code title="{}">{}</code> <span class="tl-clamp" title="{}">{}</span>',
+            obj.error,
+            obj.error.rsplit(".", 1)[-1],
+            obj.message,
+            Truncator(obj.message).chars(300),
+        )
 
     @admin.display(description=_("message"))
     def message_preview(self, obj: Failure) -> str:
@@ -252,7 +282,11 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         if result_id is not None:
             return _result_link(result_id, getattr(obj, "result_task_path", None), self.admin_site.name)
         url = _item_url(obj, self.admin_site.name)
-        return format_html('<a href="{}">{}</a>', url, obj.item) if url else obj.item
+        # A job's uuid by its first 8 characters, as the job list shows it; whole on hover.
+        shown = f"{obj.item[:8]}…" if obj.kind == "job" and len(obj.item) > 12 else obj.item
+        if url:
+            return format_html('<a href="{}" title="{}">{}</a>', url, obj.item, shown)
+        return format_html('<span title="{}">{}</span>', obj.item, shown)
 
     @admin.display(description=_("traceback"))
     def traceback_block(self, obj: Failure) -> str:

@@ -88,12 +88,12 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
     """Results of Django Tasks, newest first, with every attempt and a retry action."""
 
     # "kept until" is on each result's page; the list says the retention at its top.
-    list_display = ("short_id", "task_name", "queue_name", "status_badge", "attempt_count", "enqueued_at")
+    list_display = ("short_id", "task_name", "queue_name", "status_badge", "attempt_count", "enqueued")
     list_filter = ("status", QueueFilter, TaskPathFilter)
     search_fields = ("=id",)
     search_help_text = _("A result id.")
     ordering = ("-enqueued_at",)
-    sortable_by = ("enqueued_at",)
+    sortable_by = ("enqueued",)
     read_only_page = True
     #: The list with the tasks that wait to start above it.
     change_list_template = "admin/django_taskloop/taskrecord/change_list.html"
@@ -141,10 +141,14 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             )
         extra_context = {
             **(extra_context or {}),
-            "subtitle": _("Finished results are kept %(time)s, then pruned by manage.py reap_locks.")
+            # Not "subtitle": the admin puts that in the browser's <title>.
+            "taskloop_retention": _(
+                "Finished results are kept %(time)s, then pruned by manage.py reap_locks."
+            )
             % {"time": humanize_seconds(retention)},
             "waiting": [
-                (record, short_result_id(record.id), self.status_badge(record)) for record in waiting
+                (record, short_result_id(record.id), self.status_badge(record), self.enqueued(record))
+                for record in waiting
             ],
             "waiting_count": f"{waiting_count:,}",
             "waiting_more": waiting_count > len(waiting),
@@ -168,6 +172,10 @@ class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
             str(_("Retry: a new attempt of this result")),
             lambda: taskloop_backend(obj.backend).retry(obj.id),
         )
+
+    @admin.display(description=_("enqueued at"), ordering="enqueued_at")
+    def enqueued(self, obj: TaskRecord) -> str:
+        return self.when(obj.enqueued_at)
 
     @admin.display(description=_("id"))
     def short_id(self, obj: TaskRecord) -> str:

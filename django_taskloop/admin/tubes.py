@@ -50,6 +50,7 @@ from .base import (
     seconds_between,
     state_badge,
     until_cell,
+    when_cell,
 )
 from .charts import bar_chart
 from .loops import STATE_COUNT_CAP
@@ -431,7 +432,7 @@ def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
 class TubeAdmin(TaskloopModelAdmin):
     """Tubes, their options and a statistics page each."""
 
-    list_display = ("tube_name", "running", "type", "ttl", "ttr", "pri", "links", "created")
+    list_display = ("tube_name", "running", "type", "ttl", "ttr", "pri", "links", "created_at")
     list_filter = (TubeUseFilter, "type")
     search_fields = ("name",)
     ordering = ("name",)
@@ -440,6 +441,10 @@ class TubeAdmin(TaskloopModelAdmin):
     @admin.display(description=_("name"), ordering="name")
     def tube_name(self, obj: Tube) -> str:
         return format_html("{}{}", obj.name, _django_tasks_note(obj.name))
+
+    @admin.display(description=_("created"), ordering="created")
+    def created_at(self, obj: Tube) -> str:
+        return when_cell(obj.created, self.now())
 
     @admin.display(description=_("running"))
     def running(self, obj: Tube) -> str:
@@ -542,6 +547,8 @@ class TubeAdmin(TaskloopModelAdmin):
                 bar_chart(
                     [(name, tasks.get(name, 0)) for name in TASK_STATES],
                     title=str(_("Tasks by state")),
+                    # Each state's colour; a task past its ttl is grey, as in the task list.
+                    states=["ttl" if name == "expired" else name for name in TASK_STATES],
                 ),
                 bar_chart(list(stats["calls"].items()), title=str(_("Calls"))),
             ],

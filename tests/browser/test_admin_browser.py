@@ -137,7 +137,8 @@ def test_operate_the_queues_from_the_admin(page: Any) -> None:
     assert page.locator('section[data-queue="int loops"]').count() == 1
     assert page.locator('section[data-queue="builds"]').count() == 1
     assert page.locator('section[data-queue="emails"]').count() == 1
-    assert page.locator("svg.tl-chart").count() >= 6
+    assert page.locator("svg.tl-chart").count() >= 4
+    assert page.locator("table.tl-queues tbody tr").count() >= 3  # the table of queues
     shot(page, "02-dashboard")
 
     # Bump a loop item: it becomes "bumped", first in line.
@@ -252,7 +253,7 @@ def test_an_operator_finds_why_a_task_failed_pauses_retries_and_resumes(page: An
     page.click("text=Task loop dashboard")
     page.wait_for_url("**/dashboard/")
     card = page.locator('section[data-queue="w-flaky"]')
-    assert "3 failed in the last hour" in card.inner_text()
+    assert "3 failed attempts in the last hour" in card.inner_text()
     assert "Processed per minute, last hour" in page.content()
     loop_card = page.locator('section[data-queue="int loops"]').inner_text()
     assert "≥" in loop_card or "~" in loop_card  # capped counts say so
