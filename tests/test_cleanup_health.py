@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection, connections
+from django.urls import reverse
 
 from django_taskloop.health import CleanupWatch, database_cleanup, queue_tables
 from django_taskloop.metrics import render_metrics
@@ -105,6 +106,26 @@ def test_a_held_transaction_shows_and_goes():
 def _gone(pid: int) -> bool:
     holder = database_cleanup()["default"].holder
     return holder is None or holder.pid != pid
+
+
+@servers_only
+def test_the_dashboard_shows_the_held_transaction_and_then_not(admin_client, settings):
+    settings.TASKLOOP = {**settings.TASKLOOP, "HORIZON_WARNING": 1}
+    url = reverse("admin:django_taskloop_dashboard")
+    with held_transaction() as pid:
+        time.sleep(1.1)
+        page = admin_client.get(url).content.decode()
+        assert "Database cleanup" in page and f"pid {pid}" in page, page
+        assert "holds back cleanup" in page and "reap_locks --vacuum" in page
+        assert ("dead row versions" if connection.vendor == "postgresql" else "purge backlog") in page
+    wait_for(lambda: _gone(pid))
+    page = admin_client.get(url).content.decode()
+    assert "Database cleanup" in page and f"pid {pid}" not in page and "holds back cleanup" not in page
+
+
+def test_the_dashboard_has_no_cleanup_section_on_sqlite(admin_client):
+    page = admin_client.get(reverse("admin:django_taskloop_dashboard")).content.decode()
+    assert ("Database cleanup" in page) == (connection.vendor != "sqlite")
 
 
 @servers_only

@@ -17,6 +17,7 @@ from django.utils.translation import gettext_lazy as _lazy
 from django.views.decorators.http import require_POST
 
 from .. import engine
+from ..health import CleanupWatch, database_cleanup
 from ..models.boards import Job, JobBoard
 from ..models.operating import Failure, WorkerProcess, throughput_series
 from ..models.results import TaskRecord
@@ -302,6 +303,28 @@ def _workers() -> list[dict[str, Any]]:
     ]
 
 
+def _databases() -> list[dict[str, Any]]:
+    """What holds back cleanup of the queue tables, per database that keeps old row versions
+    (none on SQLite): the oldest other open transaction, dead row versions or purge backlog."""
+    limit = CleanupWatch.threshold()
+    rows = []
+    for alias, read in database_cleanup().items():
+        holder = read.holder
+        dead = sorted(read.dead_rows.items(), key=lambda item: -item[1])
+        rows.append(
+            {
+                "alias": alias,
+                "oldest": humanize_seconds(holder.seconds) if holder is not None else "—",
+                "holder": holder.describe() if holder is not None else "",
+                "held": bool(holder is not None and limit and holder.seconds >= limit),
+                "dead": sum(n for _table, n in dead) if read.purge_backlog is None else None,
+                "most_dead": f"{dead[0][0]} {dead[0][1]:,}" if dead and dead[0][1] else "",
+                "backlog": read.purge_backlog,
+            }
+        )
+    return rows
+
+
 def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any]:
     """Return the cards of the dashboard: what the user may see of loops, boards and tubes."""
     summaries = _visible_summaries(request, site)
@@ -309,6 +332,7 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
     processed = processed_last_hour()
     rows = [_queue_row(summary, card, processed) for summary, card in zip(summaries, cards, strict=True)]
     rows.sort(key=lambda row: bool(row["empty"]))
+    databases = _databases()
     # Queues with work first; empty ones last, small.
     cards.sort(key=lambda card: bool(card["empty"]))
     return {
@@ -316,6 +340,8 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
         "cards": cards,
         "throughput": _throughput_charts(),
         "workers": _workers(),
+        "databases": databases,
+        "cleanup_held": any(db["held"] for db in databases),
         "workers_url": _url(site, WorkerProcess, "changelist"),
         "failures_url": _url(site, Failure, "changelist"),
         "lock_buckets": [label for _upper, label in LOCK_BUCKETS],
