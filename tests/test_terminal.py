@@ -13,6 +13,7 @@ import os
 import pty
 import re
 import signal
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -147,6 +148,39 @@ def test_status_of_an_unknown_queue_is_one_line_and_status_2():
     refused(run, "no queue named 't-nope' (known: ")
     assert "t-known" in run.stderr
     refused(taskloop("status", "job:t-known"), "no board named 't-known'")
+
+
+def _on_database(tmp_path: Any, url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``manage.py taskloop ARGS`` with the suite's settings on the database ``url``."""
+    connections.close_all()
+    return subprocess.run(
+        [sys.executable, "-m", "django", "taskloop", *args],
+        env={**child_env(), "DATABASE_URL": url},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("action", [["status"], ["failures"], ["retry", "emails", "--all"]])
+def test_a_database_without_the_tables_says_run_migrate_in_one_line(tmp_path, action):
+    run = _on_database(tmp_path, f"sqlite:///{tmp_path}/empty.sqlite3", *action)
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert "lacks the tables of django_taskloop" in line and "run manage.py migrate" in line, line
+
+
+def test_a_database_that_is_down_is_one_line(tmp_path):
+    with socket.socket() as free:  # a port where no server listens
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    run = _on_database(tmp_path, f"postgres://nobody@127.0.0.1:{port}/none", "status")
+    assert run.returncode == 1, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert f"database 'default' (127.0.0.1:{port}) is unreachable" in line, line
 
 
 def test_watch_refreshes_until_sigterm_and_stops_cleanly():

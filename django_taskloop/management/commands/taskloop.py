@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 
 from django_taskloop.management.terminal import actions, failures, status
 from django_taskloop.management.terminal.queues import resolve
 from django_taskloop.management.terminal.text import BadInput, parse_duration
+from django_taskloop.management.terminal.trouble import database_trouble
 
 #: Seconds between two refreshes of ``status --watch`` when none is given.
 WATCH_EVERY = 2.0
@@ -95,6 +97,9 @@ class Command(BaseCommand):
             getattr(self, f"do_{action}")(**options)
         except BadInput as error:
             raise CommandError(str(error), returncode=2) from None
+        except DatabaseError as error:
+            said, code = database_trouble(error)
+            raise CommandError(said, returncode=code) from None
 
     def say(self, lines: list[str] | str) -> None:
         for line in [lines] if isinstance(lines, str) else lines:

@@ -1,0 +1,27 @@
+"""What ``manage.py taskloop`` says when a database is down or lacks the tables: one line, as
+the workers do (``workers/outage.py``), never the traceback of the first failed read."""
+
+from __future__ import annotations
+
+from django.db import DatabaseError
+
+from django_taskloop.health import queue_tables
+from django_taskloop.workers.outage import describe, first_line, not_migrated, tables_missing, unreachable
+
+__all__ = ["database_trouble"]
+
+
+def database_trouble(error: DatabaseError) -> tuple[str, int]:
+    """Return the line that says what is wrong with the queues' databases, and the exit status
+    (2 for tables not migrated, as ``workers``; 1 for a database that cannot be reached)."""
+    tables = queue_tables()
+    for alias in tables:
+        down = unreachable(alias)
+        if down is not None:
+            return f"database {describe(alias)} is unreachable ({first_line(down)})", 1
+    for alias, names in tables.items():
+        if tables_missing(alias, names):
+            said = not_migrated([alias], {"django_taskloop"})
+            if said is not None:
+                return said, 2
+    return f"cannot read the queues: {first_line(error)}", 1
