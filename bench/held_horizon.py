@@ -523,7 +523,7 @@ def held(system: str, url: str, args: argparse.Namespace, base: Path) -> str:
     p95 = percentile([p for w in rows for p in w.pickups], 95)
     verdict = "PASS" if ratio >= 0.8 and p95 < 1 else "FAIL"
     return (
-        f"{verdict}: while held, drain {ratio:.2f}× the put rate (target ≥ 0.8), "
+        f"{verdict}: while held, drain {ratio:.3f}× the put rate (target ≥ 0.8), "
         f"pickup p95 {p95 * 1000:,.0f} ms (target < 1 s); {run.once()}"
     )
 
@@ -531,11 +531,7 @@ def held(system: str, url: str, args: argparse.Namespace, base: Path) -> str:
 def backlog(system: str, url: str, args: argparse.Namespace, base: Path) -> str:
     """Scenario 3: a backlog put up front, drained; the rate per segment by handler start."""
     run = begin(system, url, "backlog", base)
-    started = time.monotonic()
-    put_up_front(system, url, args.backlog, run.directory)
-    run.total_put += run.read_puts()
-    run.last_read = time.monotonic()
-    print(f"  {args.backlog:,} put in {time.monotonic() - started:.0f} s", flush=True)
+    fill(run, url, args.backlog)
     with churning(run, url, 0.0):
         run.watch("drain", drained, args.recover_minutes * 60 + args.backlog / 1000, early=True)
     rates = segment_rates(sorted(run.starts), args.segment)
@@ -544,7 +540,16 @@ def backlog(system: str, url: str, args: argparse.Namespace, base: Path) -> str:
         return f"– (fewer than 2 segments of {args.segment:,}); {run.once()}"
     middle = rates[len(rates) // 2] / rates[0]
     verdict = "PASS" if middle >= 0.7 else "FAIL"
-    return f"{verdict}: middle rate {middle:.2f}× the first segment's (target ≥ 0.7); {run.once()}"
+    return f"{verdict}: middle rate {middle:.3f}× the first segment's (target ≥ 0.7); {run.once()}"
+
+
+def fill(run: Run, url: str, count: int) -> None:
+    """Put ``count`` tasks up front and take them as put before the first window."""
+    started = time.monotonic()
+    put_up_front(run.system, url, count, run.directory)
+    run.total_put += run.read_puts()
+    run.last_read = time.monotonic()
+    print(f"  {count:,} put in {run.last_read - started:.1f} s", flush=True)
 
 
 def segment_rates(starts: list[float], size: int) -> list[float]:
@@ -559,7 +564,7 @@ def segment_rates(starts: list[float], size: int) -> list[float]:
 def calibrate(url: str, base: Path, jobs: int = 20_000) -> float:
     """Return half of what 2 of our workers drain from ``jobs`` tasks put up front."""
     run = begin("ours", url, "calibration", base)
-    put_up_front("ours", url, jobs, run.directory)
+    fill(run, url, jobs)
     with churning(run, url, 0.0):
         run.watch("drain", drained, 300, early=True)
     rate = drain_rate(read_records(run.directory))
