@@ -16,7 +16,7 @@ end, also on Ctrl-C. Systems, one after the other per scenario:
   (deleted and committed before its no-op runs).
 
 A producer process puts at ``--rate`` tasks/s (default: half of what 2 of our workers drain,
-measured first on 20,000 tasks), in one ``put_many`` (raw: one INSERT) every 20 ms. Scenarios:
+measured first on 50,000 tasks), in one ``put_many`` (raw: one INSERT) every 20 ms. Scenarios:
 
 1. ``steady``: steady churn for ``--steady-minutes`` (8);
 2. ``held``: churn; after ``--held-before`` minutes (1) another connection opens a REPEATABLE
@@ -567,7 +567,7 @@ def segment_rates(starts: list[float], size: int) -> list[float]:
     return rates
 
 
-def calibrate(url: str, base: Path, jobs: int = 20_000) -> float:
+def calibrate(url: str, base: Path, jobs: int = 50_000) -> float:
     """Return half of what 2 of our workers drain from ``jobs`` tasks put up front."""
     run = begin("ours", url, "calibration", base)
     fill(run, url, jobs)
