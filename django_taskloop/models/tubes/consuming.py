@@ -395,7 +395,7 @@ class TubeConsuming(TubeBase):
         total = 0
         for chunk in engine.batched(ids, self._using):
             tasks = list(engine.by_keys(self._tasks().filter(held), chunk).select_for_update())
-            total += engine.delete_rows(self._tasks().filter(pk__in=[t.pk for t in tasks]))
+            total += engine.delete_rows(engine.by_keys(self._tasks(), [t.pk for t in tasks]))
             for task in tasks:
                 task.state, task.owner, task.taken_key = DONE, None, None
                 self._emit(task, "delete")
@@ -439,10 +439,8 @@ class TubeConsuming(TubeBase):
             total = 0
             for chunk in engine.batched(ids, self._using):
                 tasks = list(engine.by_keys(self._tasks().filter(held), chunk).select_for_update())
-                total += (
-                    self._tasks()
-                    .filter(pk__in=[t.pk for t in tasks])
-                    .update(state=READY, owner=None, taken_key=None, event_at=None)
+                total += engine.by_keys(self._tasks(), [t.pk for t in tasks]).update(
+                    state=READY, owner=None, taken_key=None, event_at=None
                 )
                 for task in tasks:
                     task.state, task.owner, task.taken_key, task.event_at = READY, None, None, None
