@@ -17,8 +17,11 @@ def test_put_many_puts_every_item_in_order_with_the_puts_options(django_capture_
     tube = Tube.objects.create_tube("bulk", "fifottl", ttl=600)
     events = []
     tube.on_task_change(lambda task, event: events.append((task.id, event)))
-    with django_capture_on_commit_callbacks(execute=True):
-        tasks = tube.put_many([{"n": n} for n in range(250)], pri=3, ttr=30)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            tasks = tube.put_many([{"n": n} for n in range(250)], pri=3, ttr=30)
+    finally:
+        tube.on_task_change(None)  # (a callback left behind would watch the next tube of this id)
     assert [t.data for t in tasks] == [{"n": n} for n in range(250)]
     assert all(t.id for t in tasks) and len({t.id for t in tasks}) == 250
     assert all(t.state == "r" and t.pri == 3 and t.ttr == 30 for t in tasks)
