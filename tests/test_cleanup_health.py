@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -22,7 +21,7 @@ from django_taskloop.health import CleanupWatch, database_cleanup, queue_tables
 from django_taskloop.metrics import render_metrics
 from django_taskloop.models import Tube
 
-from .workers_util import ROOT, child_env, workers_command
+from .workers_util import ROOT, child_env, wait_until, workers_command
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,16 +50,6 @@ def held_transaction() -> Iterator[int]:
     finally:
         other.rollback()
         other.close()
-
-
-def wait_for(condition: Any, timeout: float = 30.0, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "not seen in time"
-        time.sleep(every)
 
 
 def gauge(text: str, name: str, **labels: str) -> float | None:
@@ -99,7 +88,7 @@ def test_a_held_transaction_shows_and_goes():
         age = gauge(render_metrics(), "taskloop_db_oldest_transaction_seconds", database="default")
         assert age is not None and age >= 1.0
     # Ended: nothing of it is left (MariaDB's INNODB_TRX is a copy up to 0.1 s old).
-    wait_for(lambda: _gone(pid))
+    wait_until(lambda: _gone(pid))
     assert gauge(render_metrics(), "taskloop_db_oldest_transaction_seconds", database="default") < 1.0
 
 
@@ -118,7 +107,7 @@ def test_the_dashboard_shows_the_held_transaction_and_then_not(admin_client, set
         assert "Database cleanup" in page and f"pid {pid}" in page, page
         assert "holds back cleanup" in page and "reap_locks --vacuum" in page
         assert ("dead row versions" if connection.vendor == "postgresql" else "purge backlog") in page
-    wait_for(lambda: _gone(pid))
+    wait_until(lambda: _gone(pid))
     page = admin_client.get(url).content.decode()
     assert "Database cleanup" in page and f"pid {pid}" not in page and "holds back cleanup" not in page
 
@@ -139,7 +128,7 @@ def test_the_watch_warns_once_then_says_it_ended(settings):
         assert line[0] == "warning"
         assert f"pid {pid}" in line[1] and "holds back cleanup" in line[1] and "'default'" in line[1]
         assert watch.look() == []  # not again at once: every few minutes while it lasts
-    (line,) = wait_for(watch.look)
+    (line,) = wait_until(watch.look)
     assert line == ("info", line[1]) and "has ended" in line[1]
     assert watch.look() == []
 
@@ -161,14 +150,14 @@ def test_dead_rows_show_and_vacuum_clears_them():
             cursor.execute("DELETE FROM taskloop_task WHERE tube_id = %s", [tube.pk])
             cursor.execute("SELECT pg_stat_force_next_flush()")
         connection.close()  # the statistics are sent as the session ends
-        assert wait_for(lambda: dead() >= 200)
+        assert wait_until(lambda: dead() >= 200)
         text = render_metrics()
         assert gauge(text, "taskloop_db_dead_rows", database="default", table="taskloop_task") >= 200
         # VACUUM cannot remove what the held transaction may still see.
     out = io.StringIO()
     call_command("reap_locks", "--vacuum", stdout=out)
     assert "database default: VACUUM (ANALYZE) on" in out.getvalue()
-    assert wait_for(lambda: dead() < 200)
+    assert wait_until(lambda: dead() < 200)
 
 
 def test_vacuum_says_what_it_did_on_each_database():
@@ -211,9 +200,9 @@ def test_a_worker_logs_the_held_transaction_and_its_end():
     reader.start()
     try:
         with held_transaction() as pid:
-            warning = wait_for(lambda: [line for line in lines if "holds back cleanup" in line], timeout=60)
+            warning = wait_until(lambda: [line for line in lines if "holds back cleanup" in line], timeout=60)
             assert f"pid {pid}" in warning[0] and "WARNING" in warning[0].upper()
-        wait_for(
+        wait_until(
             lambda: [line for line in lines if "held back cleanup" in line and "has ended" in line],
             timeout=60,
         )
