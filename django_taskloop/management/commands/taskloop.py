@@ -10,7 +10,7 @@ from django.db import DatabaseError
 from django_taskloop.management.terminal import actions, failures, status
 from django_taskloop.management.terminal.queues import resolve
 from django_taskloop.management.terminal.text import BadInput, parse_duration
-from django_taskloop.management.terminal.trouble import database_trouble
+from django_taskloop.management.terminal.trouble import database_trouble, unreachable_database
 
 #: Seconds between two refreshes of ``status --watch`` when none is given.
 WATCH_EVERY = 2.0
@@ -91,6 +91,15 @@ class Command(BaseCommand):
         _status_parser(sub)
         _failures_parser(sub)
         _change_parsers(sub)
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """Django's system checks, once the queues' databases answer: Django 6 runs the model
+        checks against them (MySQL's read its server's version), so a database that is down
+        would be a traceback there instead of the one line :func:`database_trouble` says."""
+        down = unreachable_database()
+        if down is not None:
+            raise CommandError(down, returncode=1)
+        super().check(*args, **kwargs)
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         try:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_taskloop.workers.outage import NotMigrated
+from django_taskloop.health import queue_tables
+from django_taskloop.workers.outage import NotMigrated, Outages
 from django_taskloop.workers.runner import run_workers
 
 
@@ -35,18 +37,23 @@ class Command(BaseCommand):
             help="Do not run the cron schedules (@periodic functions, TASKLOOP['SCHEDULE']).",
         )
 
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """Django's system checks, once the queues' databases can be reached: Django 6 runs
+        the model checks against them (MySQL's read its server's version), and a database down
+        at start would be a traceback instead of one line per try."""
+        _logger()
+        try:
+            Outages().wait(queue_tables(), time.sleep, lambda: False)
+        except KeyboardInterrupt:
+            sys.exit(130)
+        super().check(*args, **kwargs)
+
     def handle(
         self, *args: Any, processes: int, only: list[str] | None, burst: bool, schedule: bool, **options: Any
     ) -> None:
         if processes < 1:
             raise CommandError("--processes must be at least 1")
-        log = logging.getLogger("django_taskloop")
-        if not log.hasHandlers():
-            # Nobody configured logging: say what happens on stderr anyway.
-            stderr = logging.StreamHandler(sys.stderr)
-            stderr.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-            log.addHandler(stderr)
-            log.setLevel(logging.INFO)
+        log = _logger()
         if options["verbosity"] >= 2:
             # -v 2 names every item as it starts and ends, with the traceback of each failure.
             log.setLevel(logging.DEBUG)
@@ -64,3 +71,15 @@ class Command(BaseCommand):
             sys.exit(130)
         if status:
             sys.exit(status)
+
+
+def _logger() -> logging.Logger:
+    """django-taskloop's logger, with a stderr handler if nobody configured logging."""
+    log = logging.getLogger("django_taskloop")
+    if not log.hasHandlers():
+        # Nobody configured logging: say what happens on stderr anyway.
+        stderr = logging.StreamHandler(sys.stderr)
+        stderr.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(stderr)
+        log.setLevel(logging.INFO)
+    return log

@@ -8,18 +8,25 @@ from django.db import DatabaseError
 from django_taskloop.health import queue_tables
 from django_taskloop.workers.outage import describe, first_line, not_migrated, tables_missing, unreachable
 
-__all__ = ["database_trouble"]
+__all__ = ["database_trouble", "unreachable_database"]
+
+
+def unreachable_database() -> str | None:
+    """Return the line that says which of the queues' databases cannot be reached, or None."""
+    for alias in queue_tables():
+        down = unreachable(alias)
+        if down is not None:
+            return f"database {describe(alias)} is unreachable ({first_line(down)})"
+    return None
 
 
 def database_trouble(error: DatabaseError) -> tuple[str, int]:
     """Return the line that says what is wrong with the queues' databases, and the exit status
     (2 for tables not migrated, as ``workers``; 1 for a database that cannot be reached)."""
-    tables = queue_tables()
-    for alias in tables:
-        down = unreachable(alias)
-        if down is not None:
-            return f"database {describe(alias)} is unreachable ({first_line(down)})", 1
-    for alias, names in tables.items():
+    down = unreachable_database()
+    if down is not None:
+        return down, 1
+    for alias, names in queue_tables().items():
         if tables_missing(alias, names):
             said = not_migrated([alias], {"django_taskloop"})
             if said is not None:
