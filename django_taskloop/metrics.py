@@ -19,7 +19,12 @@ from django.http import HttpRequest, HttpResponse
 from .conf import setting
 from .health import database_cleanup
 from .models.operating import throughput_totals
-from .stats import DJANGO_TASK, django_tasks_queue, merge_django_tasks, queue_summaries, workers_serving
+from .stats import (
+    merge_django_tasks,
+    queue_summaries,
+    shown_queue,
+    workers_serving,
+)
 
 __all__ = ["metrics", "render_metrics", "queue_gauges"]
 
@@ -51,13 +56,6 @@ def queue_gauges() -> Iterable[tuple[str, str, dict[str, int], float]]:
         yield summary.kind, summary.name, counts, summary.oldest_ready or 0.0
 
 
-def _labels(kind: str, queue: str) -> tuple[str, str]:
-    """Return the ``(kind, queue)`` labels of a queue a worker names ``(kind, queue)``: a Django
-    Tasks queue's tubes are its Django name, of kind ``django_task``."""
-    name = django_tasks_queue(queue) if kind == "task" else None
-    return (DJANGO_TASK, name) if name is not None else (kind, queue)
-
-
 def render_metrics() -> str:
     """Return the Prometheus text exposition of every queue."""
     lines = [
@@ -78,7 +76,7 @@ def render_metrics() -> str:
     ]
     processed: dict[tuple[str, str], dict[str, int]] = {}
     for (kind, queue), totals in throughput_totals().items():
-        into = processed.setdefault(_labels(kind, queue), {})
+        into = processed.setdefault(shown_queue(kind, queue), {})
         for outcome, n in totals.items():
             into[outcome] = into.get(outcome, 0) + n
     for (kind, queue), totals in sorted(processed.items()):

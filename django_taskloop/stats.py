@@ -48,6 +48,7 @@ __all__ = [
     "QueueSummary",
     "django_tasks_queue",
     "merge_django_tasks",
+    "shown_queue",
     "board_priorities",
     "board_summary",
     "capped_count",
@@ -467,16 +468,18 @@ def merge_django_tasks(summaries: Iterable[QueueSummary]) -> list[QueueSummary]:
     return merged
 
 
+def shown_queue(kind: str, queue: str) -> tuple[str, str]:
+    """Return ``(kind, queue)`` as people see it: a tube of a Django Tasks queue is that queue,
+    ``(DJANGO_TASK, its Django name)``; any other queue is itself."""
+    tasks = django_tasks_queue(queue) if kind == "task" else None
+    return (DJANGO_TASK, tasks) if tasks is not None else (kind, queue)
+
+
 def workers_serving() -> dict[tuple[str, str], int]:
     """Return ``{(kind, queue): live worker processes serving it}``, a Django Tasks queue once
     under ``(DJANGO_TASK, its Django name)`` (a process serving both its tubes counts once)."""
     serving: dict[tuple[str, str], int] = {}
     for queues in WorkerProcess.objects.alive().values_list("queues", flat=True):
-        keys = set()
-        for name in queues or []:
-            kind, _sep, queue = name.partition(":")
-            tasks = django_tasks_queue(queue) if kind == "task" else None
-            keys.add((DJANGO_TASK, tasks) if tasks is not None else (kind, queue))
-        for key in keys:
+        for key in {shown_queue(*name.partition(":")[::2]) for name in queues or []}:
             serving[key] = serving.get(key, 0) + 1
     return serving

@@ -13,7 +13,7 @@ from django.db.models import QuerySet
 
 from django_taskloop import engine
 from django_taskloop.models import Failure
-from django_taskloop.stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, django_tasks_queue
+from django_taskloop.stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, shown_queue
 
 from .queues import Queue
 from .text import ago, clip, table
@@ -41,8 +41,7 @@ def failures(queue: Queue | None, since: float | None, limit: int) -> QuerySet[F
 
 def _where(failure: Failure) -> tuple[str, str]:
     """The failure's ``(kind, queue)`` as the read model names it."""
-    tasks = django_tasks_queue(failure.queue) if failure.kind == "task" else None
-    return (DJANGO_TASK, tasks) if tasks is not None else (failure.kind, failure.queue)
+    return shown_queue(failure.kind, failure.queue)
 
 
 def failures_lines(found: list[Failure], *, tracebacks: bool = False) -> list[str]:

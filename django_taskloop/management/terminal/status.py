@@ -24,10 +24,10 @@ from django_taskloop.stats import (
     TASK_STATES,
     ItemProgress,
     QueueSummary,
-    django_tasks_queue,
     merge_django_tasks,
     queue_summaries,
     running_progress,
+    shown_queue,
     workers_serving,
 )
 
@@ -103,10 +103,8 @@ def status_lines(found: list[QueueSummary], serving: dict[tuple[str, str], int])
 
 
 def _queue_of(entry: ItemProgress) -> tuple[str, str]:
-    """``(kind, queue)`` of a progress entry as the tables name it (a Django Tasks queue by its
-    Django name)."""
-    name = django_tasks_queue(entry.queue) if entry.kind == "task" else None
-    return (DJANGO_TASK, name) if name is not None else (entry.kind, entry.queue)
+    """``(kind, queue)`` of a progress entry as the tables name it."""
+    return shown_queue(entry.kind, entry.queue)
 
 
 def in_progress(found: list[QueueSummary]) -> list[ItemProgress]:
