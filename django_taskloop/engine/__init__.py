@@ -13,6 +13,7 @@ Its modules, by job:
 - :mod:`.insert`: a put's one ``INSERT``, rows together, rows by key;
 - :mod:`.claim`: claims, acknowledge-and-claim, rows locked for a change of one's own;
 - :mod:`.kept`: statements compiled once and kept (a worker's hot path);
+- :mod:`.cursor`: a consumer's claim cursor (claims that start after its last);
 - :mod:`.compiler`: every use of Django's private query and compiler machinery.
 """
 
@@ -29,6 +30,7 @@ from .claim import (
     update_returning,
 )
 from .compiler import by_keys
+from .cursor import ClaimCursor, Resume
 from .insert import MissingRows, insert, insert_together
 from .kept import KEPT_STATEMENTS, add_to, delete_pks, delete_rows
 from .transactions import discard_if_broken, poll, run_in_transaction, write_transaction
@@ -78,6 +80,8 @@ __all__ = [
     "claim",
     "Claimed",
     "ClaimSpec",
+    "ClaimCursor",
+    "Resume",
     "ack_and_claim",
     "lock_free",
     "MAX_LIMIT",

@@ -18,6 +18,7 @@ from django.db import DatabaseError, connections
 from django.db.models import Model, Q, QuerySet
 
 from . import compiler, kept
+from .cursor import ClaimCursor, Resume
 from .transactions import discard_if_broken, run_in_transaction
 from .vendor import features
 
@@ -37,6 +38,8 @@ def claim(
     direct: bool = False,
     key: Hashable | None = None,
     later: bool = False,
+    cursor: ClaimCursor | None = None,
+    cursor_on: Sequence[str] | None = None,
 ) -> Any:
     """Claim up to ``limit`` rows of ``queryset`` that match ``claimable``, best first.
 
@@ -62,6 +65,12 @@ def claim(
     once its transaction has committed. Turning a batch of rows into instances costs more
     than the statement that claimed them; on SQLite, every other writer waits while it
     happens inside the transaction.
+
+    ``cursor`` (with ``fetch``): a consumer's :class:`~.cursor.ClaimCursor`; the claim starts
+    after the last row it claimed where dead index entries linger (see :mod:`.cursor`).
+    ``cursor_on``: the columns its position stands on, the end of ``order_by`` after those
+    that ``claimable`` pins to one value (default: all of ``order_by``). An index range starts
+    at a row comparison only on columns that no equality pins.
     """
     if limit <= 0:
         return Claimed([]) if later else []
@@ -69,21 +78,40 @@ def claim(
     # (a 64-bit integer, doubled below for the candidates) and fail inside the database.
     limit = min(limit, MAX_LIMIT)
     using = queryset.db
+    resume = Resume(cursor if fetch else None, queryset, cursor_on or order_by)
     statement = None
     if key is not None and direct and fetch and features(using).update_returning:
-        statement = kept.kept_claim(queryset, limit, claimable, order_by, changes, key)
+        statement = kept.kept_claim(queryset, limit, claimable, order_by, changes, key, resume)
     if statement is not None:
         # One statement that writes: SQLite's write lock needs no taking first.
         rows = run_in_transaction(
-            queryset.model, using, lambda: statement.rows(using), savepoint=False, lock_first=False
+            queryset.model,
+            using,
+            lambda: statement.rows(using, resume.start),
+            savepoint=False,
+            lock_first=False,
         )
-        return (
-            Claimed(rows, lambda rows: statement.finish(using, rows))
-            if later
-            else statement.finish(using, rows)
-        )
+
+        def finish(rows: Sequence[Any]) -> list[Any]:
+            objs = statement.finish(using, rows)
+            resume.claimed(objs)
+            return objs
+
+        return Claimed(rows, finish) if later else finish(rows)
+    after = resume.condition(using)
+    if after is not None:
+        claimable = _and(claimable, after)
     claimed = _claim_through_orm(queryset, limit, claimable, order_by, changes, fetch, overfetch, direct)
+    resume.claimed(claimed if fetch else [])
     return Claimed(claimed) if later else claimed
+
+
+def _and(claimable: Q | Callable[[], Q], more: Q) -> Q | Callable[[], Q]:
+    """``claimable`` and ``more`` (a function that builds it if ``claimable`` is one)."""
+    if callable(claimable):
+        build = claimable
+        return lambda: build() & more
+    return claimable & more
 
 
 def _claim_through_orm(
@@ -241,6 +269,8 @@ def delete_and_claim(
     changes: dict[str, Any] | Callable[[], dict[str, Any]],
     key: Hashable,
     counters: tuple[type[Model], dict[str, Any], dict[str, str]],
+    cursor: ClaimCursor | None = None,
+    cursor_on: Sequence[str] | None = None,
 ) -> tuple[int, list[Any], bool] | None:
     """What a worker does between two batches, as one statement: ``delete_pks(queryset, pks,
     where=…, key=delete_key)``, ``claim(queryset, limit=…, …, direct=True, fetch=True,
@@ -259,7 +289,8 @@ def delete_and_claim(
     using = queryset.db
     if not features(using).modifying_with or not pks:
         return None
-    claim_statement = kept.kept_claim(queryset, limit, claimable, order_by, changes, key)
+    resume = Resume(cursor, queryset, cursor_on or order_by)
+    claim_statement = kept.kept_claim(queryset, limit, claimable, order_by, changes, key, resume)
     kept_where = kept.kept_where(queryset, where, delete_key)
     if claim_statement is None or kept_where is None or kept_where.empty:
         return None
@@ -268,16 +299,27 @@ def delete_and_claim(
     # The keys as one array parameter (PostgreSQL's = ANY): the statement's text is the same
     # from batch to batch, with few enough parameters for the driver to keep it parsed.
     sql = kept.keep(
-        ("delete-and-claim", key, delete_key, using, limit, model, tuple(match), tuple(counted)),
+        (
+            "delete-and-claim",
+            key,
+            delete_key,
+            using,
+            limit,
+            model,
+            tuple(match),
+            tuple(counted),
+            resume.start is not None,
+        ),
         lambda: _delete_and_claim_sql(kept_where, claim_statement, counters, using),
     )
     prepared = list(kept_where.prepared(pks, connection))
-    params = [prepared, *kept_where.params, *claim_statement.params, *match.values()]
+    params = [prepared, *kept_where.params, *claim_statement.bound(resume.start), *match.values()]
     result = compiler.send(connection, sql, params)
     deleted, counted_rows = result[0][0], result[0][1]
     # No claimed row: the LEFT JOIN's one row, all NULL.
-    claimed = [row[2:] for row in result if row[2] is not None]
-    return deleted, claim_statement.finish(using, claimed), bool(counted_rows)
+    claimed = claim_statement.finish(using, [row[2:] for row in result if row[2] is not None])
+    resume.claimed(claimed)
+    return deleted, claimed, bool(counted_rows)
 
 
 def _delete_and_claim_sql(
@@ -321,6 +363,10 @@ class ClaimSpec:
     changes: dict[str, Any] | Callable[[], dict[str, Any]]
     key: Hashable | None = None
     direct: bool = False
+    #: A consumer's claim cursor (see :mod:`.cursor`), or ``None``: every claim from the head.
+    cursor: ClaimCursor | None = None
+    #: The columns the cursor's position stands on (see :func:`claim`).
+    cursor_on: Sequence[str] | None = None
 
     def kept(self) -> bool:
         """Whether the claim is one statement, compiled once and kept under :attr:`key`."""
@@ -346,6 +392,8 @@ class ClaimSpec:
             direct=self.direct,
             key=self.key,
             later=later,
+            cursor=self.cursor,
+            cursor_on=self.cursor_on,
         )
 
 
@@ -378,6 +426,8 @@ def ack_and_claim(
             changes=spec.changes,
             key=key,
             counters=counters,
+            cursor=spec.cursor,
+            cursor_on=spec.cursor_on,
         ),
         alone=True,
     )

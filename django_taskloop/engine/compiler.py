@@ -13,7 +13,7 @@ from typing import Any, cast
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import BooleanField, Expression, Field, Index, Model, QuerySet, signals
+from django.db.models import BooleanField, Expression, F, Field, Index, Model, Q, QuerySet, signals
 from django.db.models.base import ModelState
 from django.db.models.constants import OnConflict
 from django.db.models.expressions import RawSQL
@@ -173,6 +173,51 @@ def by_keys(queryset: QuerySet[Any], pks: Sequence[Any]) -> QuerySet[Any]:
     if not where:
         return keyed
     return keyed.filter(RawSQL(f"({where}) IS TRUE", params, output_field=BooleanField()))
+
+
+class _RowAfter(Expression):
+    """``(a, b, …) > (%s, %s, …)`` (``<`` descending): the rows after a position in one
+    range of an index on those columns."""
+
+    conditional = True
+
+    def __init__(self, names: Sequence[str], values: Sequence[Any], descending: bool) -> None:
+        super().__init__(output_field=BooleanField())
+        self.columns: list[Any] = [F(name) for name in names]
+        self.values = list(values)
+        self.descending = descending
+
+    def get_source_expressions(self) -> list[Any]:
+        return self.columns
+
+    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
+        self.columns = list(exprs)
+
+    def as_sql(self, compiler: Any, connection: BaseDatabaseWrapper) -> Any:
+        parts: list[str] = []
+        params: list[Any] = []
+        for column in self.columns:
+            sql, column_params = compiler.compile(column)
+            parts.append(sql)
+            params.extend(column_params)
+        marks = ", ".join(["%s"] * len(self.values))
+        return f"({', '.join(parts)}) {'<' if self.descending else '>'} ({marks})", [*params, *self.values]
+
+
+def after(using: str, order: Sequence[tuple[str, bool]], values: Sequence[Any]) -> Q:
+    """The rows after ``values`` in ``order`` ((attribute, descending) pairs), as a filter one
+    range of an index on those columns serves: a row comparison on PostgreSQL and SQLite (its
+    values may be stand-ins a kept statement replaces); on MySQL/MariaDB, whose range optimizer
+    reads no row comparison, ``a > x OR (a = x AND b > y)``, which it reads as one range."""
+    directions = {descending for _, descending in order}
+    if connections[using].vendor != "mysql" and len(directions) == 1:
+        return Q(_RowAfter([name for name, _ in order], values, directions.pop()))
+    condition: Q | None = None
+    for (name, descending), value in reversed(list(zip(order, values, strict=True))):
+        beyond = Q(**{f"{name}__{'lt' if descending else 'gt'}": value})
+        condition = beyond if condition is None else beyond | (Q(**{name: value}) & condition)
+    assert condition is not None
+    return condition
 
 
 def compile_expression(model: type[Model], using: str, expression: Expression) -> tuple[str, list[Any]]:

@@ -18,6 +18,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateField, DateTimeField, Field, Model, Q, QuerySet
 
 from . import compiler
+from .cursor import Resume, order_attributes
 from .vendor import DbNow, batched, features, notifying
 
 T = TypeVar("T")
@@ -55,6 +56,21 @@ class ClaimStatement:
         self.params = tuple(params)
         self.instances = instances
         self.order = order
+        #: (place in params, value index) of each stand-in the sends fill in.
+        self._places = [
+            (at, param.index) for at, param in enumerate(self.params) if isinstance(param, _StandIn)
+        ]
+
+    def bound(self, values: Sequence[Any] | None = None) -> tuple[Any, ...]:
+        """The statement's parameters, its stand-ins (a claim after a cursor's position)
+        replaced by ``values``."""
+        if not self._places:
+            return self.params
+        assert values is not None, "this claim starts after a position: give its values"
+        params = list(self.params)
+        for at, index in self._places:
+            params[at] = values[index]
+        return tuple(params)
 
     @classmethod
     def build(
@@ -64,19 +80,24 @@ class ClaimStatement:
         claimable: Q | Callable[[], Q],
         order_by: Sequence[Any],
         changes: dict[str, Any] | Callable[[], dict[str, Any]],
+        after: tuple[int, Callable[[Sequence[Any]], Q | None]] | None = None,
     ) -> ClaimStatement | None:
         """The statement, or ``None`` where the claim needs more than one (a filter that reads
         other tables is read again after the lock; an order on a nullable or computed value
-        cannot be restored in Python)."""
+        cannot be restored in Python). ``after``: how many values a cursor's position has, and
+        the filter for rows after it, given stand-ins for them (:meth:`bound` fills them in)."""
         model = queryset.model
         using = queryset.db
         claimable = claimable() if callable(claimable) else claimable
         changes = changes() if callable(changes) else changes
+        order = order_attributes(model, order_by)
+        if order is None:
+            return None
+        if after is not None:
+            count, condition = after
+            claimable &= condition([_StandIn(index) for index in range(count)]) or Q()
         base = queryset.filter(claimable).order_by(*order_by)
         if compiler.reads_other_tables(base) or queryset.query.is_sliced or queryset.query.distinct:
-            return None
-        order = cls._order(model, order_by)
-        if order is None:
             return None
         if features(using).skip_locked:
             base = base.select_for_update(skip_locked=True)
@@ -87,23 +108,10 @@ class ClaimStatement:
         sql += compiler.returning(model, connections[using])
         return cls(sql, params, compiler.Instances(model, update), order)
 
-    @staticmethod
-    def _order(model: type[Model], order_by: Sequence[Any]) -> list[tuple[str, bool]] | None:
-        """``order_by`` as (attribute, descending) pairs; ``None`` if Python cannot sort by it."""
-        opts = model._meta
-        order = []
-        for name in order_by:
-            if not isinstance(name, str):
-                return None
-            field = opts.pk if name.lstrip("-") == "pk" else opts.get_field(name.lstrip("-"))
-            if not isinstance(field, Field) or field.null or not field.concrete:
-                return None
-            order.append((field.attname, name.startswith("-")))
-        return order
-
-    def rows(self, using: str) -> list[tuple[Any, ...]]:
-        """Send the claim; return its rows as the database gives them (see :meth:`finish`)."""
-        return compiler.send(connections[using], self.sql, self.params)  # fetch="all": rows
+    def rows(self, using: str, values: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Send the claim (``values``: see :meth:`bound`); return its rows as the database
+        gives them (see :meth:`finish`)."""
+        return compiler.send(connections[using], self.sql, self.bound(values))  # fetch="all": rows
 
     def finish(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
         """The claimed rows as instances, in the claim's order (``RETURNING`` gives them in
@@ -121,12 +129,33 @@ def kept_claim(
     order_by: Sequence[Any],
     changes: dict[str, Any] | Callable[[], dict[str, Any]],
     key: Hashable,
+    resume: Resume | None = None,
 ) -> ClaimStatement | None:
-    """The one-statement claim kept under ``key`` (see :func:`engine.claim`), or ``None``."""
+    """The one-statement claim kept under ``key`` (see :func:`engine.claim`), or ``None``;
+    with a ``resume`` that starts after a position, its variant that starts there."""
+    using = queryset.db
+    if resume is None or resume.start is None:
+        return keep(
+            ("claim", key, using, limit),
+            lambda: ClaimStatement.build(queryset, limit, claimable, order_by, changes),
+        )
+    condition = resume.condition
+    count = len(resume.start)
     return keep(
-        ("claim", key, queryset.db, limit),
-        lambda: ClaimStatement.build(queryset, limit, claimable, order_by, changes),
+        ("claim after", key, using, limit),
+        lambda: ClaimStatement.build(
+            queryset, limit, claimable, order_by, changes, (count, lambda values: condition(using, values))
+        ),
     )
+
+
+class _StandIn:
+    """A place in a kept statement's parameters that each send fills in."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 # -- DELETE by keys --------------------------------------------------------------------------

@@ -53,6 +53,10 @@ class Features:
     update_returning: bool = False
     #: ``INSERT``/``UPDATE``/``DELETE`` may be parts of a ``WITH`` (PostgreSQL).
     modifying_with: bool = False
+    #: A row's index entries outlive its claim or delete until a cleanup that a transaction
+    #: held open elsewhere holds back (PostgreSQL's VACUUM, InnoDB's purge): a consumer's
+    #: claims start after its last (see :mod:`.cursor`). SQLite removes them with the row.
+    dead_entries_linger: bool = False
 
 
 @cache
@@ -68,6 +72,7 @@ def _features(alias: str, vendor: str, skip_locked: bool, of: bool, returning: b
         order_by_repeats_null_prefix=vendor == "postgresql",
         update_returning=returning and vendor in ("postgresql", "sqlite"),
         modifying_with=vendor == "postgresql",
+        dead_entries_linger=vendor in ("postgresql", "mysql"),
     )
 
 

@@ -20,6 +20,7 @@ from ..backends import result_id_of, task_path_of
 from ..conf import setting
 from ..models import Consumer, JobBoard, TaskRecord, Tube
 from ..models.operating import is_paused
+from ..models.tubes import ClaimCursor, worth_trying
 from . import Handler, open_tube
 from .runtime import backoff, run_interruptibly
 
@@ -216,6 +217,8 @@ class TubeDriver(Driver["Task"]):
         self._tube: Tube | None = None
         #: When the leases were last renewed (monotonic): the next renewal adds the time since.
         self._renewed_at: float | None = None
+        #: Where this worker's takes of the tube stand: each starts after its last.
+        self.cursor = ClaimCursor()
 
     @property
     def tube(self) -> Tube:
@@ -247,12 +250,12 @@ class TubeDriver(Driver["Task"]):
     def claim(self, limit: int, checked: bool = False) -> list[Task]:
         """Take up to ``limit`` tasks; ``checked``: a worth_trying() read just found the tube
         not paused and nothing due (the take skips those looks)."""
-        return self.tube.take_many(limit, consumer=self.identity, checked=checked)
+        return self.tube.take_many(limit, consumer=self.identity, checked=checked, cursor=self.cursor)
 
     def wait_one(self, timeout: float, stop: Callable[[], bool] | None = None) -> list[Task]:
         """Wait up to ``timeout`` seconds for one task (less if ``stop()`` says so); ``take``
         wakes as soon as one is put."""
-        task = self.tube.wait_take(timeout, self.identity, stop=stop)
+        task = self.tube.wait_take(timeout, self.identity, stop=stop, cursor=self.cursor)
         return [task] if task is not None else []
 
     def key(self, item: Task) -> int:
@@ -293,7 +296,9 @@ class TubeDriver(Driver["Task"]):
         self._acked(items, self.tube.ack_many([task.id for task in items], consumer=self.identity))
 
     def done_and_claim(self, items: Sequence[Task], limit: int) -> list[Task]:
-        acked, taken = self.tube.ack_and_take([task.id for task in items], limit, consumer=self.identity)
+        acked, taken = self.tube.ack_and_take(
+            [task.id for task in items], limit, consumer=self.identity, cursor=self.cursor
+        )
         self._acked(items, acked)
         return taken
 
@@ -439,3 +444,11 @@ def make_driver(handler: Handler, identity: str) -> Driver[Any]:
     """Return the driver for ``handler``'s facade."""
     kinds: dict[str, type[Driver[Any]]] = {"loop": LoopDriver, "tube": TubeDriver, "board": BoardDriver}
     return kinds[handler.kind](handler, identity)
+
+
+def tubes_worth_trying(drivers: Sequence[TubeDriver]) -> dict[int, str]:
+    """:func:`~django_taskloop.models.tubes.worth_trying` for the tubes of ``drivers`` (of one
+    database), each looked at from where its driver's takes stand."""
+    return worth_trying(
+        [driver.tube for driver in drivers], {driver.tube.pk: driver.cursor for driver in drivers}
+    )

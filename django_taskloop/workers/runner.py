@@ -28,11 +28,10 @@ from ..exceptions import DatabaseBusy
 from ..health import CleanupWatch
 from ..models import Failure, WorkerProcess
 from ..models.operating import record_throughput
-from ..models.tubes import worth_trying
 from ..reaper import format_report, reap
 from . import FailedForGood, Handler, StopNow, get_handlers, inside_user_code
 from .batches import Batch, Chores, Tally, count, outcome, progress_key
-from .drivers import Driver, TubeDriver, make_driver
+from .drivers import Driver, TubeDriver, make_driver, tubes_worth_trying
 from .outage import Outages, check_databases, drop_broken_connections, first_line, refuse_unmigrated
 from .supervisor import STOP_SIGNALS, Supervisor
 
@@ -300,7 +299,7 @@ class Worker:
             end = time.monotonic() + IDLE_WAIT
             # First a read now that the waiter listens: a put since the last round shows here.
             while not self._idle_over():
-                worth = worth_trying([driver.tube for driver in tubes])
+                worth = tubes_worth_trying(tubes)
                 worked = 0
                 for pk, driver in by_pk.items():
                     if worth.get(pk) and not self.stopping:
@@ -320,7 +319,7 @@ class Worker:
         skip: set[Driver] = set()
         for using in {driver.using for driver in tubes}:
             mine = [driver for driver in tubes if driver.using == using]
-            worth = worth_trying([driver.tube for driver in mine])
+            worth = tubes_worth_trying(mine)
             skip.update(driver for driver in mine if not worth.get(driver.tube.pk, True))
         return skip
 

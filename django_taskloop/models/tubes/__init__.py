@@ -17,6 +17,8 @@ that a put is one statement: its INSERT.
 
 from __future__ import annotations
 
+from ...engine import ClaimCursor as ClaimCursor
+
 # Importable from here as before the split (the tube's modules, its admin, tests and benches
 # use them), but not part of ``django_taskloop.models``' names: see __all__.
 from .base import _callbacks as _callbacks
