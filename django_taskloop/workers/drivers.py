@@ -217,8 +217,9 @@ class TubeDriver(Driver["Task"]):
         self._tube: Tube | None = None
         #: When the leases were last renewed (monotonic): the next renewal adds the time since.
         self._renewed_at: float | None = None
-        #: Where this worker's takes of the tube stand: each starts after its last.
-        self.cursor = ClaimCursor()
+        #: Where this worker's takes of the tube stand: each starts after its last (``None``:
+        #: each from the head, in the exact order).
+        self.cursor: ClaimCursor | None = ClaimCursor()
 
     @property
     def tube(self) -> Tube:
