@@ -66,11 +66,9 @@ def claim(
     than the statement that claimed them; on SQLite, every other writer waits while it
     happens inside the transaction.
 
-    ``cursor`` (with ``fetch``): a consumer's :class:`~.cursor.ClaimCursor`; the claim starts
-    after the last row it claimed where dead index entries linger (see :mod:`.cursor`).
-    ``cursor_on``: the columns its position stands on, the end of ``order_by`` after those
-    that ``claimable`` pins to one value (default: all of ``order_by``). An index range starts
-    at a row comparison only on columns that no equality pins.
+    ``cursor`` (with ``fetch``): a consumer's :class:`~.cursor.ClaimCursor` (see there); its
+    position stands on ``cursor_on``, the end of ``order_by`` that ``claimable`` pins to no
+    one value (an index range starts at a row comparison only there; default: ``order_by``).
     """
     if limit <= 0:
         return Claimed([]) if later else []
@@ -79,35 +77,37 @@ def claim(
     limit = min(limit, MAX_LIMIT)
     using = queryset.db
     resume = Resume(cursor if fetch else None, queryset, cursor_on or order_by)
-    statement = None
     if key is not None and direct and fetch and features(using).update_returning:
         statement = kept.kept_claim(queryset, limit, claimable, order_by, changes, key, resume)
-    if statement is not None:
-        # One statement that writes: SQLite's write lock needs no taking first.
-        rows = run_in_transaction(
-            queryset.model,
-            using,
-            lambda: statement.rows(using, resume.start),
-            savepoint=False,
-            lock_first=False,
-        )
-
-        def finish(rows: Sequence[Any]) -> list[Any]:
-            objs = statement.finish(using, rows)
-            resume.claimed(objs)
-            return objs
-
-        return Claimed(rows, finish) if later else finish(rows)
-    after = resume.condition(using)
-    if after is not None:
-        claimable = _and(claimable, after)
+        if statement is not None:
+            return _claim_kept(queryset.model, using, statement, resume, later)
+    claimable = _and(claimable, resume.condition(using))
     claimed = _claim_through_orm(queryset, limit, claimable, order_by, changes, fetch, overfetch, direct)
     resume.claimed(claimed if fetch else [])
     return Claimed(claimed) if later else claimed
 
 
-def _and(claimable: Q | Callable[[], Q], more: Q) -> Q | Callable[[], Q]:
+def _claim_kept(
+    model: type[Model], using: str, statement: kept.ClaimStatement, resume: Resume, later: bool
+) -> Any:
+    """:func:`claim` as the one kept statement."""
+    # One statement that writes: SQLite's write lock needs no taking first.
+    rows = run_in_transaction(
+        model, using, lambda: statement.rows(using, resume.start), savepoint=False, lock_first=False
+    )
+
+    def finish(rows: Sequence[Any]) -> list[Any]:
+        objs = statement.finish(using, rows)
+        resume.claimed(objs)
+        return objs
+
+    return Claimed(rows, finish) if later else finish(rows)
+
+
+def _and(claimable: Q | Callable[[], Q], more: Q | None) -> Q | Callable[[], Q]:
     """``claimable`` and ``more`` (a function that builds it if ``claimable`` is one)."""
+    if more is None:
+        return claimable
     if callable(claimable):
         build = claimable
         return lambda: build() & more
@@ -298,18 +298,9 @@ def delete_and_claim(
     connection = connections[using]
     # The keys as one array parameter (PostgreSQL's = ANY): the statement's text is the same
     # from batch to batch, with few enough parameters for the driver to keep it parsed.
+    shape = (model, tuple(match), tuple(counted), resume.start is not None)
     sql = kept.keep(
-        (
-            "delete-and-claim",
-            key,
-            delete_key,
-            using,
-            limit,
-            model,
-            tuple(match),
-            tuple(counted),
-            resume.start is not None,
-        ),
+        ("delete-and-claim", key, delete_key, using, limit, shape),
         lambda: _delete_and_claim_sql(kept_where, claim_statement, counters, using),
     )
     prepared = list(kept_where.prepared(pks, connection))
