@@ -1,26 +1,34 @@
-"""Issue 30's three PostgreSQL scenarios, ours beside a raw SKIP LOCKED queue, in one run.
+"""Issue 30's three scenarios on PostgreSQL or MariaDB, ours beside a raw SKIP LOCKED queue.
 
     .venv/bin/python bench/held_horizon.py                      # a throwaway PostgreSQL 15
+    .venv/bin/python bench/held_horizon.py --vendor mariadb     # a throwaway MariaDB
     .venv/bin/python bench/held_horizon.py --server postgres:///bench_taskloop
+    .venv/bin/python bench/held_horizon.py --server mysql://root@127.0.0.1:3306/bench_taskloop
     .venv/bin/python bench/held_horizon.py --steady-minutes 1 --held-before 0.5 \\
         --held-minutes 1 --backlog 100000 --segment 10000      # a quick try
 
-Without ``--server`` it starts a private PostgreSQL 15 (``initdb`` into a temporary directory
-as the ``postgres`` user, default settings, autovacuum on, a free port) and removes it at the
-end, also on Ctrl-C. Systems, one after the other per scenario:
+Without ``--server`` it starts a private server, by ``--vendor``: PostgreSQL 15 (the default;
+``initdb`` into a temporary directory as the ``postgres`` user, default settings, autovacuum
+on) or MariaDB (``mariadb-install-db`` into a temporary directory, ``mariadbd`` as root with
+default settings: InnoDB, REPEATABLE READ), on a free port of 127.0.0.1, and removes it at the
+end, also on Ctrl-C. With ``--server``, the URL's scheme (``postgres://`` or ``mysql://``) says
+which. Systems, one after the other per scenario:
 
 - ``ours``: a ``fifo`` tube ``horizon`` drained by ``manage.py workers --processes 2`` (the
   command, run by this script with a no-op ``@tube("horizon", type="fifo", batch=100)``);
-- ``raw``: a table ``raw_horizon`` drained by 2 processes that each loop over ``DELETE …
-  WHERE id = ANY(ARRAY(SELECT id … ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED)) RETURNING n``
-  (deleted and committed before its no-op runs).
+- ``raw``: a table ``raw_horizon`` drained by 2 processes that each loop over, on PostgreSQL,
+  ``DELETE … WHERE id = ANY(ARRAY(SELECT id … ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED))
+  RETURNING n``; on MariaDB (READ COMMITTED, as Django's connections), ``SELECT id, n … ORDER
+  BY id LIMIT 100 FOR UPDATE SKIP LOCKED`` then ``DELETE … WHERE id IN (…)`` in one
+  transaction (deleted and committed before its no-ops run).
 
 A producer process puts at ``--rate`` tasks/s (default: half of what 2 of our workers drain,
 measured first on 50,000 tasks), in one ``put_many`` (raw: one INSERT) every 20 ms. Scenarios:
 
 1. ``steady``: steady churn for ``--steady-minutes`` (8);
 2. ``held``: churn; after ``--held-before`` minutes (1) another connection opens a REPEATABLE
-   READ transaction (and runs a SELECT) and keeps it for ``--held-minutes`` (5), then commits;
+   READ transaction (MariaDB: ``START TRANSACTION WITH CONSISTENT SNAPSHOT``, which holds
+   InnoDB's purge back) and runs a SELECT, keeps it for ``--held-minutes`` (5), then commits;
    measuring goes on until the backlog is back under a second's puts (at most
    ``--recover-minutes``, 10);
 3. ``backlog``: ``--backlog`` tasks (1,000,000) put up front, then drained; the rate per
@@ -30,8 +38,9 @@ Every task's data is its number ``n``; the producer notes each batch's put time,
 start is recorded (``bench/common.py``), so pickup = handler start − put, and every task is
 checked to have run exactly once. Every 15 s window prints the put and drain rates, the
 backlog, pickup p50/p95 and the claim statement's p95 (the statements with ``SKIP LOCKED``, timed
-in the consumer: ours by a Django execute wrapper). At the end, issue 30's targets are judged
-for each system, with the load average at the start and the end.
+in the consumer: ours by a Django execute wrapper); on MariaDB also InnoDB's purge backlog at
+the window's end (the history list length, ``trx_rseg_history_len``). At the end, issue 30's
+targets are judged for each system, with the load average at the start and the end.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 HERE = Path(__file__).resolve().parent
 PROJECT = HERE / "project"
@@ -86,7 +96,14 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def throwaway_server() -> Iterator[str]:
+def throwaway_server(vendor: str) -> Iterator[str]:
+    """Start a private server of ``vendor`` with default settings; yield its database's URL."""
+    with throwaway_mariadb() if vendor == "mariadb" else throwaway_postgres() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def throwaway_postgres() -> Iterator[str]:
     """Start a private PostgreSQL 15 with default settings; yield its ``bench_taskloop`` URL."""
     import psycopg
 
@@ -108,6 +125,67 @@ def throwaway_server() -> Iterator[str]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def throwaway_mariadb() -> Iterator[str]:
+    """Start a private MariaDB with default settings; yield its ``bench_taskloop`` URL."""
+    directory = Path(tempfile.mkdtemp(prefix="held_horizon_mariadb_"))
+    data, port, server = directory / "data", _free_port(), None
+    try:
+        install = ["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root"]
+        done = subprocess.run([*install, "--skip-test-db"], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"mariadb-install-db failed ({done.returncode}): {done.stderr or done.stdout}")
+        server = start_mariadbd(directory, port)
+        sql(f"mysql://root@127.0.0.1:{port}/mysql", "CREATE DATABASE bench_taskloop")
+        print(f"throwaway MariaDB on port {port} in {directory}", flush=True)
+        yield f"mysql://root@127.0.0.1:{port}/bench_taskloop"
+    finally:
+        if server is not None:
+            stop_mariadbd(server)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def start_mariadbd(directory: Path, port: int) -> subprocess.Popen:
+    """Start ``mariadbd`` on ``directory``'s datadir (root, no passwords) and wait until it answers."""
+    command = [
+        "mariadbd",
+        "--no-defaults",
+        f"--datadir={directory / 'data'}",
+        f"--port={port}",
+        "--bind-address=127.0.0.1",
+        f"--socket={directory / 'mysqld.sock'}",
+        f"--pid-file={directory / 'mysqld.pid'}",
+        f"--log-error={directory / 'server.log'}",
+        "--user=root",
+        "--skip-grant-tables",  # a throwaway server on 127.0.0.1: no passwords to manage
+        "--skip-name-resolve",
+    ]
+    # A session of its own: Ctrl-C reaches this script, which then shuts the server down.
+    server = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and server.poll() is None:
+        with contextlib.suppress(Exception):
+            sql(f"mysql://root@127.0.0.1:{port}/mysql", "SELECT 1")
+            return server
+        time.sleep(0.5)
+    stop_mariadbd(server)
+    log = (directory / "server.log").read_text(errors="replace")[-3000:]
+    raise RuntimeError(f"mariadbd on port {port} did not start:\n{log}")
+
+
+def stop_mariadbd(server: subprocess.Popen) -> None:
+    """Shut ``mariadbd`` down (SIGTERM; SIGKILL after 60 s)."""
+    if server.poll() is None:
+        server.terminate()
+    try:
+        server.wait(60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
 def setup_django(url: str) -> None:
     """Point the bench project at ``url`` and create its tables."""
     os.environ["DATABASE_URL"] = url
@@ -118,8 +196,36 @@ def setup_django(url: str) -> None:
     call_command("migrate", run_syncdb=True, verbosity=0)
 
 
+def is_mariadb(url: str) -> bool:
+    return url.startswith("mysql")
+
+
+def mariadb_connect(url: str, autocommit: bool = False, isolation: str = "READ COMMITTED") -> Any:
+    """A MySQLdb connection to ``url`` (``mysql://user[:password]@host:port/database``)."""
+    import MySQLdb
+
+    parts = urlparse(url)
+    return MySQLdb.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=unquote(parts.username or "root"),
+        passwd=unquote(parts.password or ""),
+        database=parts.path.lstrip("/"),
+        autocommit=autocommit,
+        init_command=f"SET SESSION TRANSACTION ISOLATION LEVEL {isolation}",
+    )
+
+
 def sql(url: str, statement: str) -> list[tuple]:
     """Run one statement in autocommit on a connection of its own; return its rows."""
+    if is_mariadb(url):
+        conn = mariadb_connect(url, autocommit=True)
+        try:
+            cursor = conn.cursor()
+            cursor.execute(statement)
+            return list(cursor.fetchall()) if cursor.description else []
+        finally:
+            conn.close()
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
@@ -127,14 +233,25 @@ def sql(url: str, statement: str) -> list[tuple]:
         return cursor.fetchall() if cursor.description else []
 
 
+def purge_backlog(url: str) -> int | None:
+    """InnoDB's history list length (undo logs not purged yet); ``None`` on PostgreSQL."""
+    if not is_mariadb(url):
+        return None
+    return sql(
+        url, "SELECT count FROM information_schema.INNODB_METRICS WHERE name = 'trx_rseg_history_len'"
+    )[0][0]
+
+
 # -- the two systems: put, consume, reset ----------------------------------------------------
 
 
 def reset(system: str, url: str) -> None:
-    """Empty the system's queue: raw, a new table; ours, a new ``fifo`` tube, its table vacuumed."""
+    """Empty the system's queue: raw, a new table; ours, a new ``fifo`` tube, its table vacuumed
+    (MariaDB: analyzed)."""
     if system == "raw":
         sql(url, f"DROP TABLE IF EXISTS {RAW_TABLE}")
-        sql(url, f"CREATE TABLE {RAW_TABLE} (id BIGSERIAL PRIMARY KEY, n BIGINT NOT NULL)")
+        key = "BIGINT AUTO_INCREMENT PRIMARY KEY" if is_mariadb(url) else "BIGSERIAL PRIMARY KEY"
+        sql(url, f"CREATE TABLE {RAW_TABLE} (id {key}, n BIGINT NOT NULL)")
         return
     from django.db import connections
 
@@ -146,11 +263,18 @@ def reset(system: str, url: str) -> None:
         old.drop()
     Tube.objects.create_tube(TUBE, "fifo")
     connections.close_all()
-    sql(url, "VACUUM ANALYZE taskloop_task")
+    sql(url, "ANALYZE TABLE taskloop_task" if is_mariadb(url) else "VACUUM ANALYZE taskloop_task")
 
 
 def putter(system: str, url: str) -> Callable[[int, int], None]:
     """Return ``put(first, count)``, which puts tasks ``first`` … ``first + count - 1``."""
+    if system == "raw" and is_mariadb(url):
+        cursor = mariadb_connect(url, autocommit=True).cursor()
+        # executemany: MySQLdb sends one multi-row INSERT.
+        insert = f"INSERT INTO {RAW_TABLE} (n) VALUES (%s)"
+        return lambda first, count: (
+            cursor.executemany(insert, [(n,) for n in range(first, first + count)]) and None
+        )
     if system == "raw":
         import psycopg
 
@@ -195,29 +319,67 @@ def put_up_front(system: str, url: str, count: int, run_dir: Path) -> None:
 
 
 def raw_consumer(url: str, run_dir: Path, stop: multiprocessing.synchronize.Event) -> None:
-    """Claim and delete up to 100 rows per statement, SKIP LOCKED; run the no-op on each."""
-    import psycopg
-
+    """Claim and delete up to 100 rows per transaction, SKIP LOCKED; run the no-op on each."""
     os.environ[RECORD_DIR_ENV] = str(run_dir)
-    # ``= ANY(ARRAY(…))``, not ``IN (…)``: the sub-select runs once. Under ``IN`` PostgreSQL may
-    # plan a semi-join that runs it again per row, each time locking 100 other rows: a claim
-    # then ran for minutes and deleted 11,000 rows (seen on a 280,000-row backlog).
-    claim = (
-        f"DELETE FROM {RAW_TABLE} WHERE id = ANY(ARRAY(SELECT id FROM {RAW_TABLE} ORDER BY id "
-        f"LIMIT {BATCH} FOR UPDATE SKIP LOCKED)) RETURNING n"
-    )
-    conn = psycopg.connect(url)
+    if is_mariadb(url):
+        claim, conn = raw_claim_mariadb, mariadb_connect(url)
+    else:
+        import psycopg
+
+        claim, conn = raw_claim_postgres, psycopg.connect(url)
     with open(run_dir / f"claims-{os.getpid()}.txt", "a", buffering=1) as claims:
         while not stop.is_set():
-            started = time.perf_counter()
-            rows = conn.execute(claim).fetchall()
-            claims.write(f"{(time.perf_counter() - started) * 1000:.3f}\n")
-            conn.commit()
-            for (n,) in rows:
+            ns, took = claim(conn)
+            claims.write(f"{took * 1000:.3f}\n")
+            for n in ns:
                 record(n)
-            if not rows:
+            if not ns:
                 time.sleep(0.005)
     conn.close()
+
+
+# ``= ANY(ARRAY(…))``, not ``IN (…)``: the sub-select runs once. Under ``IN`` PostgreSQL may
+# plan a semi-join that runs it again per row, each time locking 100 other rows: a claim
+# then ran for minutes and deleted 11,000 rows (seen on a 280,000-row backlog).
+PG_CLAIM = (
+    f"DELETE FROM {RAW_TABLE} WHERE id = ANY(ARRAY(SELECT id FROM {RAW_TABLE} ORDER BY id "
+    f"LIMIT {BATCH} FOR UPDATE SKIP LOCKED)) RETURNING n"
+)
+DEADLOCK = 1213  # MariaDB's ER_LOCK_DEADLOCK
+MARIADB_CLAIM = f"SELECT id, n FROM {RAW_TABLE} ORDER BY id LIMIT {BATCH} FOR UPDATE SKIP LOCKED"
+
+
+def raw_claim_postgres(conn: Any) -> tuple[list[int], float]:
+    """Delete up to 100 rows in one statement and commit; return their ``n`` and its time."""
+    started = time.perf_counter()
+    rows = conn.execute(PG_CLAIM).fetchall()
+    took = time.perf_counter() - started
+    conn.commit()
+    return [n for (n,) in rows], took
+
+
+def raw_claim_mariadb(conn: Any) -> tuple[list[int], float]:
+    """Lock up to 100 rows (SKIP LOCKED), delete them, commit; return their ``n`` and the
+    locking SELECT's time. MariaDB has no ``DELETE … RETURNING`` with such a sub-select. A
+    deadlock (InnoDB reports some between the two consumers) rolls back: nothing claimed."""
+    import MySQLdb
+
+    cursor = conn.cursor()
+    started = time.perf_counter()
+    cursor.execute(MARIADB_CLAIM)
+    rows = cursor.fetchall()
+    took = time.perf_counter() - started
+    try:
+        if rows:
+            ids = [row[0] for row in rows]
+            cursor.execute(f"DELETE FROM {RAW_TABLE} WHERE id IN ({','.join(['%s'] * len(ids))})", ids)
+        conn.commit()
+    except MySQLdb.OperationalError as error:
+        if error.args[0] != DEADLOCK:
+            raise
+        conn.rollback()
+        return [], took
+    return [n for _, n in rows], took
 
 
 def start_consumers(system: str, url: str, run_dir: Path, stop: multiprocessing.synchronize.Event) -> None:
@@ -323,6 +485,7 @@ class Window:
     backlog: int
     pickups: list[float]
     claims: list[float]
+    purge: int | None = None
 
 
 @dataclass
@@ -331,6 +494,7 @@ class Run:
 
     system: str
     directory: Path
+    url: str
     put_times: array = field(default_factory=lambda: array("d"))
     seen: bytearray = field(default_factory=bytearray)
     starts: array = field(default_factory=lambda: array("d"))
@@ -386,7 +550,8 @@ class Run:
         claims = [float(line) for line in self.new_lines("claims-*.txt")]
         self.total_put += put
         self.total_started += len(found)
-        row = Window(phase, seconds, put, len(found), self.total_put - self.total_started, pickups, claims)
+        backlog = self.total_put - self.total_started
+        row = Window(phase, seconds, put, len(found), backlog, pickups, claims, purge_backlog(self.url))
         self.windows.append(row)
         print_window(self, row)
         return row
@@ -421,11 +586,12 @@ class Run:
         return "every task ran once" if not (missing or twice) else f"{missing} missing, {twice} twice"
 
 
-def print_header(system: str, scenario: str) -> None:
+def print_header(system: str, scenario: str, url: str) -> None:
     print(f"\n{scenario} — {system}", flush=True)
+    purge = f" {'history':>9}" if is_mariadb(url) else ""
     print(
         f"  {'t s':>5} {'phase':<8} {'put/s':>8} {'drain/s':>8} {'backlog':>9} "
-        f"{'pickup p50':>11} {'p95':>8} {'claim p95':>10}",
+        f"{'pickup p50':>11} {'p95':>8} {'claim p95':>10}{purge}",
         flush=True,
     )
 
@@ -437,9 +603,10 @@ def _ms(values: list[float], p: float, scale: float = 1000) -> str:
 def print_window(run: Run, row: Window) -> None:
     at = time.monotonic() - run.begun
     claim = f"{percentile(row.claims, 95):.1f} ms" if row.claims else "–"
+    purge = "" if row.purge is None else f" {row.purge:>9,}"
     print(
         f"  {at:>5.0f} {row.phase:<8} {row.put / row.seconds:>8,.0f} {row.started / row.seconds:>8,.0f} "
-        f"{row.backlog:>9,} {_ms(row.pickups, 50):>11} {_ms(row.pickups, 95):>8} {claim:>10}",
+        f"{row.backlog:>9,} {_ms(row.pickups, 50):>11} {_ms(row.pickups, 95):>8} {claim:>10}{purge}",
         flush=True,
     )
 
@@ -462,8 +629,8 @@ def begin(system: str, url: str, scenario: str, base: Path) -> Run:
     directory = base / f"{scenario}-{system}"
     directory.mkdir(parents=True)
     reset(system, url)
-    print_header(system, scenario)
-    return Run(system, directory)
+    print_header(system, scenario, url)
+    return Run(system, directory, url)
 
 
 def drained(run: Run, _elapsed: float = 0.0) -> bool:
@@ -509,14 +676,10 @@ def steady(system: str, url: str, args: argparse.Namespace, base: Path) -> str:
 
 def held(system: str, url: str, args: argparse.Namespace, base: Path) -> str:
     """Scenario 2: churn with a REPEATABLE READ transaction held open in the middle."""
-    import psycopg
-
     run = begin(system, url, "held horizon", base)
     with churning(run, url, args.rate) as stop_producer:
         run.watch("before", lambda *_: False, args.held_before * 60)
-        holder = psycopg.connect(url)
-        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        holder.execute("SELECT count(*) FROM pg_class").fetchall()
+        holder = hold(url)
         try:
             run.watch("held", lambda *_: False, args.held_minutes * 60)
         finally:
@@ -532,6 +695,24 @@ def held(system: str, url: str, args: argparse.Namespace, base: Path) -> str:
         f"{verdict}: while held, drain {ratio:.3f}× the put rate (target ≥ 0.8), "
         f"pickup p95 {p95 * 1000:,.0f} ms (target < 1 s); {run.once()}"
     )
+
+
+def hold(url: str) -> Any:
+    """Open a REPEATABLE READ transaction that has read something; return its connection."""
+    if is_mariadb(url):
+        holder = mariadb_connect(url, isolation="REPEATABLE READ")
+        cursor = holder.cursor()
+        # The read view opens here: InnoDB purges no undo log newer than it until the commit.
+        cursor.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        cursor.execute("SELECT count(*) FROM django_migrations")
+        cursor.fetchall()
+        return holder
+    import psycopg
+
+    holder = psycopg.connect(url)
+    holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    holder.execute("SELECT count(*) FROM pg_class").fetchall()
+    return holder
 
 
 def backlog(system: str, url: str, args: argparse.Namespace, base: Path) -> str:
@@ -585,6 +766,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--vendor",
+        choices=("postgresql", "mariadb"),
+        default="postgresql",
+        help="the throwaway server to start (default: postgresql; ignored with --server)",
+    )
     parser.add_argument("--server", help="an existing database's URL instead of a throwaway server")
     parser.add_argument("--rate", type=float, help="tasks put per second (default: calibrated)")
     parser.add_argument("--scenarios", default="steady,held,backlog")
@@ -629,7 +816,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
     base = Path(tempfile.mkdtemp(prefix="held_horizon_runs_"))
-    server = contextlib.nullcontext(args.server) if args.server else throwaway_server()
+    server = contextlib.nullcontext(args.server) if args.server else throwaway_server(args.vendor)
     try:
         with server as url:
             try:
