@@ -96,14 +96,16 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def throwaway_server(vendor: str) -> Iterator[str]:
-    """Start a private server of ``vendor`` with default settings; yield its database's URL."""
-    with throwaway_mariadb() if vendor == "mariadb" else throwaway_postgres() as url:
+def throwaway_server(vendor: str, slow_log: str | None = None) -> Iterator[str]:
+    """Start a private server of ``vendor`` with default settings; yield its database's URL.
+    ``slow_log`` (PostgreSQL): log the plan of every statement of a second or more
+    (``auto_explain``) and every autovacuum run, and copy the server's log there at the end."""
+    with throwaway_mariadb() if vendor == "mariadb" else throwaway_postgres(slow_log) as url:
         yield url
 
 
 @contextlib.contextmanager
-def throwaway_postgres() -> Iterator[str]:
+def throwaway_postgres(slow_log: str | None = None) -> Iterator[str]:
     """Start a private PostgreSQL 15 with default settings; yield its ``bench_taskloop`` URL."""
     import psycopg
 
@@ -113,6 +115,13 @@ def throwaway_postgres() -> Iterator[str]:
     try:
         _as_postgres([str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"])
         options = f"-p {port} -k {directory} -c listen_addresses=127.0.0.1"
+        if slow_log:
+            options += (
+                " -c session_preload_libraries=auto_explain -c auto_explain.log_min_duration=100ms"
+                " -c auto_explain.log_analyze=on -c auto_explain.log_buffers=on -c auto_explain.log_timing=off"
+                " -c log_lock_waits=on"
+                " -c log_autovacuum_min_duration=0"
+            )
         log = str(directory / "server.log")
         _as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", log, "-w", "-o", options, "start"])
         with psycopg.connect(f"postgres://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
@@ -122,6 +131,8 @@ def throwaway_postgres() -> Iterator[str]:
     finally:
         if (data / "postmaster.pid").exists():
             _as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"])
+        if slow_log and (directory / "server.log").exists():
+            shutil.copyfile(directory / "server.log", slow_log)
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -773,6 +784,11 @@ def parse_args() -> argparse.Namespace:
         help="the throwaway server to start (default: postgresql; ignored with --server)",
     )
     parser.add_argument("--server", help="an existing database's URL instead of a throwaway server")
+    parser.add_argument(
+        "--slow-log",
+        help="throwaway PostgreSQL: log plans of statements of 1 s or more and autovacuum runs, "
+        "and keep the server's log in this file",
+    )
     parser.add_argument("--rate", type=float, help="tasks put per second (default: calibrated)")
     parser.add_argument("--scenarios", default="steady,held,backlog")
     parser.add_argument("--systems", default="ours,raw")
@@ -816,7 +832,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
     base = Path(tempfile.mkdtemp(prefix="held_horizon_runs_"))
-    server = contextlib.nullcontext(args.server) if args.server else throwaway_server(args.vendor)
+    server = (
+        contextlib.nullcontext(args.server) if args.server else throwaway_server(args.vendor, args.slow_log)
+    )
     try:
         with server as url:
             try:

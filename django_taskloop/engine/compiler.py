@@ -7,6 +7,7 @@ Django upgrade that changes those internals should touch this file alone.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -145,6 +146,26 @@ def compile_update(
     else:
         sql, params = compiler.as_sql()
     return sql, tuple(params), compiler
+
+
+_PK_IN_SUBQUERY = re.compile(r'WHERE ("[^"]+")\.("[^"]+") IN \(SELECT (\w+)\.\2 AS "pk" FROM ')
+
+
+def by_row_address(sql: str) -> str:
+    """A compiled ``UPDATE … WHERE pk IN (SELECT pk … FOR UPDATE SKIP LOCKED)`` (PostgreSQL)
+    that finds the rows its subquery locked by their address instead (``ctid = ANY(ARRAY(
+    SELECT ctid …))``, a TID scan): the planner cannot pick an index for that lookup. Looked
+    up by key, it may pick any index with the key in it: after an ANALYZE that counted few
+    live rows in a bloated table it chose the claim index, whose key is its last column —
+    a scan of the whole index per claimed row, seconds a claim until the next ANALYZE. The
+    subquery returns each locked row's newest version, which no one else can change until
+    the statement ends. ``sql`` unchanged if it is not of that shape."""
+    match = _PK_IN_SUBQUERY.search(sql)
+    if match is None or not sql.endswith(")"):
+        return sql
+    table, _, alias = match.groups()
+    head = f"WHERE {table}.ctid = ANY(ARRAY(SELECT {alias}.ctid FROM "
+    return sql[: match.start()] + head + sql[match.end() :] + ")"
 
 
 def compile_where(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]] | None:

@@ -105,6 +105,8 @@ class ClaimStatement:
         # Django compiles FOR UPDATE only inside a transaction; PostgreSQL's batch statement
         # runs in autocommit (engine.delete_and_claim), and may be the first to need this one.
         sql, params, update = compiler.compile_update(rows, changes, for_update=True)
+        if connections[using].vendor == "postgresql":
+            sql = compiler.by_row_address(sql)
         sql += compiler.returning(model, connections[using])
         return cls(sql, params, compiler.Instances(model, update), order)
 
