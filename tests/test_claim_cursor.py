@@ -142,15 +142,23 @@ def test_a_cursor_claim_is_one_range_of_the_claim_index(slow_looks):
     # A worker that keeps up: a few hundred ready after where its takes stand. (MariaDB reads
     # a long backlog after the cursor by the (tube, state, pri) prefix, from the head.)
     tube.take_many(19_700, consumer="w", cursor=at)
+    if connection.vendor == "postgresql":
+        # The statistics of an ANALYZE that ran before the newest puts: the cursor stands
+        # past their histogram (a constant there was estimated at a few rows).
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE taskloop_task")
+        tube.put_many(list(range(20_000, 40_000)))
     sql = claim_statement(lambda: tube.take_many(100, consumer="w", cursor=at))
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            assert re.search(r'\(\S+"id"\) > \(\d+\)', sql), sql
-            cursor.execute("ANALYZE taskloop_task")
+            assert re.search(r'\(\S+"id"\) > \(\(SELECT \d+\)\)', sql), sql
             cursor.execute(f"EXPLAIN {sql}")
             plan = "\n".join(row[0] for row in cursor.fetchall())
             # The row comparison bounds the scan (an index condition, not a filter).
-            assert re.search(r"Index Cond: .*\(id > '?\d+'?", plan), plan
+            assert re.search(r"Index Cond: .*\(id > \$\d+\)", plan), plan
+            # Its value is no constant the planner estimates by (a cursor stands past the
+            # histogram): an ordered scan that stops at the limit, never a sort of all after it.
+            assert "Sort" not in plan and "Bitmap" not in plan, plan
             # The update finds the locked rows by address: no index for the planner to misjudge.
             assert "Tid Scan" in plan and "TID Cond: (ctid = ANY" in plan, plan
         else:

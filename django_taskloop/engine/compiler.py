@@ -221,7 +221,12 @@ class _RowAfter(Expression):
             sql, column_params = compiler.compile(column)
             parts.append(sql)
             params.extend(column_params)
-        marks = ", ".join(["%s"] * len(self.values))
+        # PostgreSQL: each value as a scalar subquery, which the planner does not read when it
+        # estimates. A cursor stands at the newest rows, past the histogram of the last
+        # ANALYZE: read as a constant, the planner counted a few rows after it and chose to
+        # read them all and sort them — the whole backlog, every claim, until the next ANALYZE.
+        mark = "(SELECT %s)" if connection.vendor == "postgresql" else "%s"
+        marks = ", ".join([mark] * len(self.values))
         return f"({', '.join(parts)}) {'<' if self.descending else '>'} ({marks})", [*params, *self.values]
 
 
