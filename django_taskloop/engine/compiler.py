@@ -148,7 +148,7 @@ def compile_update(
     return sql, tuple(params), compiler
 
 
-_PK_IN_SUBQUERY = re.compile(r'WHERE ("[^"]+")\.("[^"]+") IN \(SELECT (\w+)\.\2 AS "pk" FROM ')
+_PK_IN_SUBQUERY = re.compile(r'WHERE ("[^"]+")\.("[^"]+") IN \(SELECT (\w+|"\w+")\.\2 AS "pk" FROM ')
 
 
 def by_row_address(sql: str) -> str:
