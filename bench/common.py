@@ -20,7 +20,8 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from urllib.parse import urlparse
+from typing import Any
+from urllib.parse import unquote, urlparse
 
 RECORD_DIR_ENV = "BENCH_RECORD_DIR"
 
@@ -140,6 +141,23 @@ def db_vendor(url: str) -> str:
         return "sqlite"
     scheme = urlparse(url).scheme
     return "mysql" if scheme.startswith(("mysql", "mariadb")) else "postgres"
+
+
+def mysql_connect(url: str, *, autocommit: bool = False, isolation: str = "READ COMMITTED") -> Any:
+    """A MySQLdb connection to ``url`` (``mysql://user[:password]@host:port/database``).
+    READ COMMITTED by default, as Django uses: REPEATABLE READ's gap locks deadlock claims."""
+    import MySQLdb
+
+    parts = urlparse(url)
+    return MySQLdb.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=unquote(parts.username or "root"),
+        passwd=unquote(parts.password or ""),
+        db=parts.path.lstrip("/"),
+        autocommit=autocommit,
+        init_command=f"SET SESSION TRANSACTION ISOLATION LEVEL {isolation}",
+    )
 
 
 def emit(result: dict) -> None:

@@ -61,14 +61,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 HERE = Path(__file__).resolve().parent
 PROJECT = HERE / "project"
 sys.path[:0] = [str(PROJECT), str(HERE.parent), str(HERE)]
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "settings")
 
-from common import RECORD_DIR_ENV, count_records, drain_rate, percentile, read_records, record  # noqa: E402
+from common import (  # noqa: E402
+    RECORD_DIR_ENV,
+    count_records,
+    drain_rate,
+    mysql_connect,
+    percentile,
+    read_records,
+    record,
+)
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 WINDOW = 15.0
@@ -211,26 +218,10 @@ def is_mariadb(url: str) -> bool:
     return url.startswith("mysql")
 
 
-def mariadb_connect(url: str, autocommit: bool = False, isolation: str = "READ COMMITTED") -> Any:
-    """A MySQLdb connection to ``url`` (``mysql://user[:password]@host:port/database``)."""
-    import MySQLdb
-
-    parts = urlparse(url)
-    return MySQLdb.connect(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 3306,
-        user=unquote(parts.username or "root"),
-        passwd=unquote(parts.password or ""),
-        database=parts.path.lstrip("/"),
-        autocommit=autocommit,
-        init_command=f"SET SESSION TRANSACTION ISOLATION LEVEL {isolation}",
-    )
-
-
 def sql(url: str, statement: str) -> list[tuple]:
     """Run one statement in autocommit on a connection of its own; return its rows."""
     if is_mariadb(url):
-        conn = mariadb_connect(url, autocommit=True)
+        conn = mysql_connect(url, autocommit=True)
         try:
             cursor = conn.cursor()
             cursor.execute(statement)
@@ -280,7 +271,7 @@ def reset(system: str, url: str) -> None:
 def putter(system: str, url: str) -> Callable[[int, int], None]:
     """Return ``put(first, count)``, which puts tasks ``first`` … ``first + count - 1``."""
     if system == "raw" and is_mariadb(url):
-        cursor = mariadb_connect(url, autocommit=True).cursor()
+        cursor = mysql_connect(url, autocommit=True).cursor()
         # executemany: MySQLdb sends one multi-row INSERT.
         insert = f"INSERT INTO {RAW_TABLE} (n) VALUES (%s)"
         return lambda first, count: (
@@ -333,7 +324,7 @@ def raw_consumer(url: str, run_dir: Path, stop: multiprocessing.synchronize.Even
     """Claim and delete up to 100 rows per transaction, SKIP LOCKED; run the no-op on each."""
     os.environ[RECORD_DIR_ENV] = str(run_dir)
     if is_mariadb(url):
-        claim, conn = raw_claim_mariadb, mariadb_connect(url)
+        claim, conn = raw_claim_mariadb, mysql_connect(url)
     else:
         import psycopg
 
@@ -711,7 +702,7 @@ def held(system: str, url: str, args: argparse.Namespace, base: Path) -> str:
 def hold(url: str) -> Any:
     """Open a REPEATABLE READ transaction that has read something; return its connection."""
     if is_mariadb(url):
-        holder = mariadb_connect(url, isolation="REPEATABLE READ")
+        holder = mysql_connect(url, isolation="REPEATABLE READ")
         cursor = holder.cursor()
         # The read view opens here: InnoDB purges no undo log newer than it until the commit.
         cursor.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")

@@ -20,7 +20,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -33,6 +32,7 @@ from common import (  # noqa: E402
     fresh_dir,
     idle_cost,
     latencies,
+    mysql_connect,
     read_records,
     record,
     spaced_puts,
@@ -53,20 +53,8 @@ def connect(url: str):
         conn = sqlite3.connect(path, timeout=30, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         return conn
-    parts = urlparse(url)
     if vendor == "mysql":
-        import MySQLdb
-
-        return MySQLdb.connect(
-            host=parts.hostname or "127.0.0.1",
-            port=parts.port or 3306,
-            user=unquote(parts.username or "root"),
-            passwd=unquote(parts.password or ""),
-            db=parts.path.lstrip("/"),
-            autocommit=False,
-            # What Django uses too; REPEATABLE READ's gap locks would deadlock the claims.
-            init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-        )
+        return mysql_connect(url)
     import psycopg
 
     return psycopg.connect(url.replace("postgres://", "postgresql://", 1), autocommit=False)
