@@ -55,6 +55,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from array import array
 from collections.abc import Callable, Iterator
@@ -127,7 +128,7 @@ def throwaway_postgres(slow_log: str | None = None) -> Iterator[str]:
                 # (Not log_analyze: it instruments every statement, and the queue stalls.)
                 " -c session_preload_libraries=auto_explain -c auto_explain.log_min_duration=1s"
                 " -c log_lock_waits=on"
-                " -c log_autovacuum_min_duration=0"
+                " -c log_autovacuum_min_duration=0 -c track_activity_query_size=4096"
             )
         log = str(directory / "server.log")
         _as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", log, "-w", "-o", options, "start"])
@@ -682,11 +683,13 @@ def held(system: str, url: str, args: argparse.Namespace, base: Path) -> str:
     with churning(run, url, args.rate) as stop_producer:
         run.watch("before", lambda *_: False, args.held_before * 60)
         holder = hold(url)
+        print(f"  held from {time.strftime('%H:%M:%S')}", flush=True)
         try:
             run.watch("held", lambda *_: False, args.held_minutes * 60)
         finally:
             holder.commit()
             holder.close()
+            print(f"  committed at {time.strftime('%H:%M:%S')}", flush=True)
         run.watch("after", lambda r, _: r.windows[-1].backlog <= args.rate, args.recover_minutes * 60)
         empty_out(run, stop_producer)
     rows = [w for w in run.windows if w.phase == "held"]
@@ -777,8 +780,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--server", help="an existing database's URL instead of a throwaway server")
     parser.add_argument(
         "--slow-log",
-        help="throwaway PostgreSQL: log plans of statements of 1 s or more and autovacuum runs, "
-        "and keep the server's log in this file",
+        help="PostgreSQL: log plans of statements of 1 s or more and autovacuum runs, and keep the "
+        "throwaway server's log in this file; sample pg_stat_activity every second into FILE.activity",
     )
     parser.add_argument("--rate", type=float, help="tasks put per second (default: calibrated)")
     parser.add_argument("--scenarios", default="steady,held,backlog")
@@ -802,6 +805,11 @@ def run_all(url: str, args: argparse.Namespace, base: Path) -> list[str]:
     """Run every chosen scenario on every chosen system; return the verdict lines."""
     setup_django(url)
     print(sql(url, "SELECT version()")[0][0], flush=True)
+    if args.slow_log and not is_mariadb(url):
+        print(f"sampling pg_stat_activity every second into {args.slow_log}.activity", flush=True)
+        threading.Thread(
+            target=sample_activity, args=(url, args.slow_log + ".activity", threading.Event()), daemon=True
+        ).start()
     if args.rate is None:
         args.rate = calibrate(url, base)
     verdicts = []
@@ -809,6 +817,31 @@ def run_all(url: str, args: argparse.Namespace, base: Path) -> list[str]:
         for system in args.systems:
             verdicts.append(f"{scenario:<8} {system:<5} {SCENARIOS[scenario](system, url, args, base)}")
     return verdicts
+
+
+ACTIVITY = """
+SELECT pid, backend_type, state, coalesce(wait_event_type || ':' || wait_event, ''),
+       round(extract(epoch FROM clock_timestamp() - query_start)::numeric, 3),
+       round(extract(epoch FROM clock_timestamp() - xact_start)::numeric, 1),
+       backend_xmin IS NOT NULL, left(regexp_replace(query, '\\s+', ' ', 'g'), 400)
+FROM pg_stat_activity
+WHERE pid <> pg_backend_pid() AND (state IS DISTINCT FROM 'idle' OR backend_type <> 'client backend')
+  AND backend_type NOT IN ('checkpointer', 'background writer', 'walwriter', 'logical replication launcher',
+                           'autovacuum launcher')
+"""
+
+
+def sample_activity(url: str, path: str, stop: threading.Event) -> None:
+    """Every second, append what every busy backend is doing (wall clock first) to ``path``:
+    for stalls, beside the slow-statement log."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn, open(path, "a") as out:
+        while not stop.wait(1.0):
+            stamp = time.strftime("%H:%M:%S")
+            for row in conn.execute(ACTIVITY).fetchall():
+                out.write(stamp + " | " + " | ".join(str(v) for v in row) + "\n")
+            out.flush()
 
 
 def _interrupt(signum: int, frame: object) -> None:

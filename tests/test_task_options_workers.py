@@ -264,12 +264,13 @@ def test_one_task_of_a_key_at_a_time_and_different_keys_at_once():
     y1 = t.meets.using(key="apart").enqueue("x", "y1", partner="x1")
     y2 = t.meets.using(key="apart").enqueue("x", "y2")
 
-    run = burst("--only", "default", "--processes", "2")
+    run = burst("--only", "default", "--processes", "2", "-v", "2")
 
     x1, x2, y1, y2 = (get(result) for result in (x1, x2, y1, y2))
-    assert [r.status for r in (x1, x2, y1, y2)] == [SUCCESSFUL] * 4, [
-        (r.id, [e.traceback for e in r.errors]) for r in (x1, x2, y1, y2)
-    ] or run.stderr
+    assert [r.status for r in (x1, x2, y1, y2)] == [SUCCESSFUL] * 4, (
+        [(r.id, [e.traceback for e in r.errors]) for r in (x1, x2, y1, y2)],
+        run.stderr,
+    )
     # Different keys ran at the same time...
     assert x1.started_at < y1.finished_at and y1.started_at < x1.finished_at
     # ...one task of a key at a time, in enqueue order.
