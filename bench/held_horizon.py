@@ -126,8 +126,8 @@ def throwaway_postgres(slow_log: str | None = None) -> Iterator[str]:
         if slow_log:
             options += (
                 # (Not log_analyze: it instruments every statement, and the queue stalls.)
-                " -c session_preload_libraries=auto_explain -c auto_explain.log_min_duration=1s"
-                " -c log_lock_waits=on"
+                " -c session_preload_libraries=auto_explain -c auto_explain.log_min_duration=50ms"
+                " -c log_lock_waits=on -c log_temp_files=0"
                 " -c log_autovacuum_min_duration=0 -c track_activity_query_size=4096"
             )
         log = str(directory / "server.log")
@@ -836,12 +836,13 @@ def sample_activity(url: str, path: str, stop: threading.Event) -> None:
     for stalls, beside the slow-statement log."""
     import psycopg
 
-    with psycopg.connect(url, autocommit=True) as conn, open(path, "a") as out:
-        while not stop.wait(1.0):
-            stamp = time.strftime("%H:%M:%S")
-            for row in conn.execute(ACTIVITY).fetchall():
-                out.write(stamp + " | " + " | ".join(str(v) for v in row) + "\n")
-            out.flush()
+    with contextlib.suppress(psycopg.OperationalError):  # the server stopped at the end
+        with psycopg.connect(url, autocommit=True) as conn, open(path, "a") as out:
+            while not stop.wait(1.0):
+                stamp = time.strftime("%H:%M:%S")
+                for row in conn.execute(ACTIVITY).fetchall():
+                    out.write(stamp + " | " + " | ".join(str(v) for v in row) + "\n")
+                out.flush()
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -48,9 +48,10 @@ def test_a_worker_batch_is_one_statement_on_postgresql_and_three_on_sqlite(vendo
         assert kinds[0] == "DELETE" and "UPDATE" in kinds
         return
     if vendor == "postgresql":
-        # One statement, in autocommit: the DELETE, the claim and the counters as WITH parts.
-        assert "BEGIN" not in sent and kinds == ["WITH"], statements
-        (claim,) = statements
+        # One statement, the DELETE, the claim and the counters as WITH parts, after the one
+        # that pins their plans (engine.vendor's pin_plans) in the same transaction.
+        assert kinds == ["SELECT", "WITH"] and "set_config(" in statements[0], statements
+        claim = statements[1]
         assert "DELETE FROM" in claim and 'UPDATE "taskloop_tube_stat"' in claim
         assert "SKIP LOCKED" in claim
     else:

@@ -93,15 +93,10 @@ def _claim_kept(
     """:func:`claim` as the one kept statement."""
     # One statement that writes: SQLite's write lock needs no taking first.
     rows = run_in_transaction(
-        model, using, lambda: statement.rows(using, resume.start), savepoint=False, lock_first=False
+        model, using, lambda: statement.rows(using, resume.start), savepoint=False, lock_first=False, pin=True
     )
-
-    def finish(rows: Sequence[Any]) -> list[Any]:
-        objs = statement.finish(using, rows)
-        resume.claimed(objs)
-        return objs
-
-    return Claimed(rows, finish) if later else finish(rows)
+    claimed = Claimed(rows, _finisher(statement, resume, using))
+    return claimed if later else claimed.instances()
 
 
 def _and(claimable: Q | Callable[[], Q], more: Q | None) -> Q | Callable[[], Q]:
@@ -271,20 +266,22 @@ def delete_and_claim(
     counters: tuple[type[Model], dict[str, Any], dict[str, str]],
     cursor: ClaimCursor | None = None,
     cursor_on: Sequence[str] | None = None,
-) -> tuple[int, list[Any], bool] | None:
+    later: bool = False,
+) -> tuple[int, Any, bool] | None:
     """What a worker does between two batches, as one statement: ``delete_pks(queryset, pks,
     where=…, key=delete_key)``, ``claim(queryset, limit=…, …, direct=True, fetch=True,
     key=key)``, and the counter ``UPDATE`` — ``counters`` is ``(model, match, {field:
     "deleted" | "claimed"})``: add to each field how many rows the statement deleted or
     claimed, on the row of ``model`` that ``match`` names.
 
-    PostgreSQL runs the three as data-modifying ``WITH`` parts of one statement (one round
-    trip, atomic by itself; in the caller's transaction if there is one): the deleted rows
+    PostgreSQL runs the three as data-modifying ``WITH`` parts of one statement (atomic by
+    itself; in the caller's transaction if there is one): the deleted rows
     (taken ones) and the claimed rows (ready ones) must be different rows, since the parts
     share one snapshot. Returns ``(deleted, claimed, counted)``: ``counted`` is false when no
     counter row matched (the caller adds the counts its own way). ``None`` where it cannot be
     one statement (other databases, or a claim or filter that is not kept): the caller runs
-    the parts one by one.
+    the parts one by one. ``later``: the claimed rows as a :class:`Claimed` (see
+    :func:`claim`), to be made instances after the commit.
     """
     using = queryset.db
     if not features(using).modifying_with or not pks:
@@ -308,9 +305,23 @@ def delete_and_claim(
     result = compiler.send(connection, sql, params)
     deleted, counted_rows = result[0][0], result[0][1]
     # No claimed row: the LEFT JOIN's one row, all NULL.
-    claimed = claim_statement.finish(using, [row[2:] for row in result if row[2] is not None])
-    resume.claimed(claimed)
-    return deleted, claimed, bool(counted_rows)
+    claimed = Claimed(
+        [row[2:] for row in result if row[2] is not None], _finisher(claim_statement, resume, using)
+    )
+    return deleted, claimed if later else claimed.instances(), bool(counted_rows)
+
+
+def _finisher(
+    statement: kept.ClaimStatement, resume: Resume, using: str
+) -> Callable[[Sequence[Any]], list[Any]]:
+    """What makes a kept claim's rows instances (and moves its cursor), for :class:`Claimed`."""
+
+    def finish(rows: Sequence[Any]) -> list[Any]:
+        objs = statement.finish(using, rows)
+        resume.claimed(objs)
+        return objs
+
+    return finish
 
 
 def _delete_and_claim_sql(
@@ -397,13 +408,14 @@ def ack_and_claim(
     counters: tuple[type[Model], dict[str, Any], dict[str, str]],
 ) -> tuple[int, list[Any], bool] | None:
     """:func:`delete_and_claim` of ``pks`` and ``spec`` where the database makes them one
-    statement (a kept claim, on PostgreSQL), run on its own or in the caller's transaction;
-    ``None`` elsewhere (the caller runs the parts one by one)."""
+    statement (a kept claim, on PostgreSQL), in the caller's transaction or in one of its own
+    that pins the statement's plans first (``run_in_transaction(pin=True)``); ``None``
+    elsewhere (the caller runs the parts one by one)."""
     if not pks or not spec.kept() or not features(spec.queryset.db).modifying_with:
         return None
     key = spec.key
     assert key is not None
-    return run_in_transaction(
+    done = run_in_transaction(
         spec.queryset.model,
         spec.queryset.db,
         lambda: delete_and_claim(
@@ -419,6 +431,13 @@ def ack_and_claim(
             counters=counters,
             cursor=spec.cursor,
             cursor_on=spec.cursor_on,
+            later=True,
         ),
         alone=True,
+        pin=True,
     )
+    if done is None:
+        return None
+    deleted, claimed, counted = done
+    # The instances after the commit (PostgreSQL: in a transaction when its plans are pinned).
+    return deleted, claimed.instances(), counted

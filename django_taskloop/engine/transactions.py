@@ -16,7 +16,8 @@ from django.db.models import Model
 
 from ..conf import setting
 from ..exceptions import DatabaseBusy, TaskloopError
-from .vendor import is_retryable, take_write_lock, writers_in_turn
+from . import compiler
+from .vendor import features, is_retryable, take_write_lock, writers_in_turn
 
 T = TypeVar("T")
 
@@ -44,6 +45,7 @@ def run_in_transaction(
     savepoint: bool = True,
     alone: bool = False,
     lock_first: bool = True,
+    pin: bool = False,
 ) -> T:
     """Run ``work()`` in a write transaction, retrying deadlocks and lock timeouts.
 
@@ -55,8 +57,15 @@ def run_in_transaction(
     a statement is atomic by itself, so outside a caller's transaction it runs in autocommit
     (no BEGIN and COMMIT round trips), and inside one it simply joins it. ``lock_first``: see
     :func:`write_transaction`.
+
+    ``pin``: ``work`` claims or acknowledges queue rows; where the database needs it
+    (``Features.pin_plans``, PostgreSQL) the transaction first pins the plans that such
+    statements need. Only in a transaction of our own: inside a caller's it would change the
+    caller's later statements. Work that is one statement then runs in a transaction too.
     """
     outermost = not connections[using].in_atomic_block
+    if pin and outermost and features(using).pin_plans:
+        work, alone = _pinned(using, work), False
     attempt = 0
     while True:
         try:
@@ -66,6 +75,17 @@ def run_in_transaction(
             attempt += 1
             # Jitter keeps the retrying processes from colliding again in step.
             time.sleep(min(0.5, 0.01 * 2**attempt) * random.uniform(0.5, 1.5))
+
+
+def _pinned(using: str, work: Callable[[], T]) -> Callable[[], T]:
+    """``work`` after the statement that pins the plans (``Features.pin_plans``)."""
+    pin = features(using).pin_plans
+
+    def pinned() -> T:
+        compiler.send(connections[using], pin, [], "one")
+        return work()
+
+    return pinned
 
 
 def _run_once(

@@ -57,6 +57,22 @@ class Features:
     #: held open elsewhere holds back (PostgreSQL's VACUUM, InnoDB's purge): a consumer's
     #: claims start after its last (see :mod:`.cursor`). SQLite removes them with the row.
     dead_entries_linger: bool = False
+    #: A statement that pins, for the rest of the transaction, the plans that claims and
+    #: acknowledgements need ("" where none is needed): see ``run_in_transaction(pin=True)``.
+    pin_plans: str = ""
+
+
+#: PostgreSQL: no sequential scan, bitmap scan or sort in the rest of the transaction. After an
+#: ANALYZE that counted few live rows in a table full of dead ones (a busy queue table, more so
+#: while a transaction is held open elsewhere), the planner costs every index as if nearly empty
+#: and picks by hair's breadth: a claim that sorts every ready row after its start, an
+#: acknowledgement that reads the whole table (both seen in bench/held_horizon.py, a minute
+#: long each, until the next ANALYZE). What is left is what the indexes were made for: an
+#: ordered index scan that stops at the limit, a primary-key lookup per acknowledged row.
+PIN_POSTGRESQL_PLANS = (
+    "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), "
+    "set_config('enable_sort', 'off', true)"
+)
 
 
 @cache
@@ -73,6 +89,7 @@ def _features(alias: str, vendor: str, skip_locked: bool, of: bool, returning: b
         update_returning=returning and vendor in ("postgresql", "sqlite"),
         modifying_with=vendor == "postgresql",
         dead_entries_linger=vendor in ("postgresql", "mysql"),
+        pin_plans=PIN_POSTGRESQL_PLANS if vendor == "postgresql" else "",
     )
 
 

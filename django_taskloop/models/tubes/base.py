@@ -109,13 +109,14 @@ class TubeBase(models.Model):
         if not self._exists():
             raise self._gone()
 
-    def _run(self, work: Callable[[], Any], lock_first: bool = True) -> Any:
+    def _run(self, work: Callable[[], Any], lock_first: bool = True, pin: bool = False) -> Any:
         """Run ``work`` in a write transaction, retrying deadlocks when outermost (the engine
         retries the whole transaction, claim and counters, once per deadlock: one layer).
 
         ``lock_first=False``: ``work``'s first statement writes (see ``engine.write_transaction``).
+        ``pin``: ``work`` claims or settles tasks by the batch (see ``engine.run_in_transaction``).
         """
-        return engine.run_in_transaction(Task, self._using, work, lock_first=lock_first)
+        return engine.run_in_transaction(Task, self._using, work, lock_first=lock_first, pin=pin)
 
     def _count(self, **deltas: int) -> None:
         """Add ``deltas`` to this process's counter slot, in the current transaction."""

@@ -366,7 +366,7 @@ class TubeConsuming(TubeBase):
         writes_first = bool(ack) and not watched
         for attempt in range(5):
             try:
-                acked, claimed = self._run(work, lock_first=not writes_first)
+                acked, claimed = self._run(work, lock_first=not writes_first, pin=True)
             except IntegrityError:
                 # utube: a rival took another task of the same sub-queue first (the unique
                 # taken_key refused ours), or a stale holder still blocks it. Look again.
@@ -429,7 +429,7 @@ class TubeConsuming(TubeBase):
                 self._ensure_exists()
             return total
 
-        return self._run(work)
+        return self._run(work, pin=True)
 
     def _ack_rows(self, ids: list[int], consumer: str) -> int:
         """Delete the tasks of ``ids`` that ``consumer`` holds (in the current transaction)."""
@@ -502,7 +502,7 @@ class TubeConsuming(TubeBase):
                 self._ensure_exists()
             return total
 
-        return self._run(work)
+        return self._run(work, pin=True)
 
     def touch(self, task_id: int, increment: float | None, consumer: str | None = None) -> Task:
         """Give the task ``consumer`` holds ``increment`` more seconds of ttr and ttl.
@@ -568,4 +568,4 @@ class TubeConsuming(TubeBase):
             self._count(touch=touched)
             return touched
 
-        return self._run(work, lock_first=False)
+        return self._run(work, lock_first=False, pin=True)

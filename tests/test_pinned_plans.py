@@ -1,0 +1,149 @@
+"""A worker's claims and acknowledgements keep their plans whatever the statistics say
+(issue 30, PostgreSQL).
+
+An ANALYZE that runs while a queue table holds few live rows among many dead ones (a busy
+queue, more so while a transaction is held open elsewhere) leaves statistics by which every
+index looks nearly empty and a whole-table read nearly free. The planner then picked, in
+bench/held_horizon.py, a claim that read and sorted every ready row after its start and an
+acknowledgement that read the whole table: a minute of 100 ms batches each time, until the
+next ANALYZE. The transaction of a worker's claim pins the plans first
+(``Features.pin_plans``): no sequential scan, bitmap scan or sort, only the indexes' ordered
+ranges and primary-key lookups.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_taskloop.engine import vendor
+from django_taskloop.models import Tube
+from django_taskloop.models.tubes import ClaimCursor
+
+pytestmark = [
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's planner"),
+    pytest.mark.django_db(transaction=True),
+]
+
+PIN = "set_config('enable_seqscan', 'off', true)"
+
+
+@pytest.fixture
+def misleading_statistics() -> Iterator[tuple[Tube, ClaimCursor]]:
+    """A tube whose table an ANALYZE saw nearly empty among 30,000 dead rows (kept by a
+    transaction held open meanwhile), with a backlog of 20,000 put since; and a worker's
+    cursor that has claimed the first 100 of them."""
+    import psycopg
+
+    tube = Tube.objects.create_tube("pinned-plans", "fifo")
+    db = settings.DATABASES["default"]
+    other = psycopg.connect(
+        dbname=connection.settings_dict["NAME"],
+        user=db.get("USER") or None,
+        host=db.get("HOST") or None,
+        port=db.get("PORT") or None,
+        autocommit=True,
+    )
+    try:
+        other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        other.execute("SELECT count(*) FROM taskloop_tube").fetchone()  # the snapshot is taken
+        for start in range(0, 30_000, 10_000):
+            tube.put_many(list(range(start, start + 10_000)))
+        at = ClaimCursor()
+        taken = tube.take_many(1_000, consumer="w", cursor=at)
+        for _ in range(29):
+            _, taken = tube.ack_and_take([task.id for task in taken], 1_000, consumer="w", cursor=at)
+        tube.ack_many([task.id for task in taken], consumer="w")
+        tube.put_many(list(range(30_000, 30_050)))
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE taskloop_task")
+        for start in range(30_050, 50_050, 10_000):
+            tube.put_many(list(range(start, start + 10_000)))
+        yield tube, at
+    finally:
+        other.close()
+
+
+def statements(call: Callable[[], Any]) -> list[str]:
+    with CaptureQueriesContext(connection) as queries:
+        call()
+    return [q["sql"] for q in queries.captured_queries]
+
+
+def plan(sql: str, pinned: bool) -> str:
+    """The plan of ``sql`` in a transaction (rolled back), its plans pinned or not."""
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        try:
+            if pinned:
+                cursor.execute(vendor.PIN_POSTGRESQL_PLANS)
+            cursor.execute(f"EXPLAIN {sql}")
+            return "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("ROLLBACK")
+
+
+def only_index_ranges(text: str) -> bool:
+    return not any(word in text for word in ("Seq Scan on taskloop_task", "Bitmap", "Sort"))
+
+
+def test_a_workers_ack_and_take_is_pinned_and_planned_by_its_indexes(misleading_statistics):
+    tube, at = misleading_statistics
+    taken = tube.take_many(100, consumer="w", cursor=at)
+    sent = statements(lambda: tube.ack_and_take([task.id for task in taken], 100, consumer="w", cursor=at))
+    claim = [sql for sql in sent if "SKIP LOCKED" in sql]
+    assert len(claim) == 1 and claim[0].startswith("WITH d AS (DELETE"), sent
+    # Pinned first, in the same transaction.
+    at_claim = sent.index(claim[0])
+    assert PIN in sent[at_claim - 1], sent
+    # The statistics mislead: unpinned, the planner reads the table or sorts (this is what
+    # the test sets up; if a PostgreSQL ever plans it well anyway, the setup needs a look).
+    assert not only_index_ranges(plan(claim[0], pinned=False)), plan(claim[0], pinned=False)
+    pinned = plan(claim[0], pinned=True)
+    assert only_index_ranges(pinned), pinned
+    # The acknowledgement by primary key, the claim by the claim index's range.
+    acknowledgement, claiming = pinned.split("CTE c")
+    assert re.search(r"Index Scan using taskloop_task_pkey on taskloop_task\s", acknowledgement), pinned
+    assert re.search(r"Index Scan using \S+ on taskloop_task u0\s", claiming.split("CTE s")[0]), pinned
+
+
+def test_takes_and_settles_by_the_batch_are_pinned(misleading_statistics):
+    tube, at = misleading_statistics
+    calls: dict[str, Callable[[], Any]] = {
+        "take_many": lambda: tube.take_many(100, consumer="w", cursor=at),
+        "take_many from the head": lambda: tube.take_many(100, consumer="w2"),
+    }
+    for name, call in calls.items():
+        sent = statements(call)
+        claim = next(i for i, sql in enumerate(sent) if "SKIP LOCKED" in sql)
+        assert PIN in sent[claim - 1], (name, sent)
+        assert only_index_ranges(plan(sent[claim], pinned=True)), (name, plan(sent[claim], pinned=True))
+    held = [task.id for task in tube.take_many(10, consumer="w3")]
+    timed = Tube.objects.create_tube("pinned-ttr", "fifottl", ttr=60)
+    timed.put_many(["a", "b"])
+    leases = [task.id for task in timed.take_many(2, consumer="w4")]
+    for name, call in {
+        "touch_many": lambda: timed.touch_many(leases, 30, consumer="w4"),
+        "release_many": lambda: tube.release_many(held[:5], consumer="w3"),
+        "ack_many": lambda: tube.ack_many(held[5:], consumer="w3"),
+    }.items():
+        sent = statements(call)
+        assert any(PIN in sql for sql in sent), (name, sent)
+
+
+def test_a_callers_transaction_is_never_pinned(misleading_statistics):
+    from django.db import transaction
+
+    tube, _ = misleading_statistics
+    with transaction.atomic():
+        sent = statements(lambda: tube.take_many(100, consumer="w"))
+        assert not any(PIN in sql for sql in sent), sent
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW enable_seqscan")
+            assert cursor.fetchone()[0] == "on"
