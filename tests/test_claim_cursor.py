@@ -14,13 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from django_taskloop.engine import cursor as cursor_module
 from django_taskloop.models import Tube
 from django_taskloop.models.tubes import ClaimCursor, worth_trying
+
+from .held_util import held_transaction
 
 pytestmark = pytest.mark.django_db
 
@@ -173,30 +174,16 @@ def test_a_cursor_claim_is_one_range_of_the_claim_index(slow_looks):
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's MVCC horizon")
 @pytest.mark.django_db(transaction=True)
 def test_with_a_transaction_held_open_a_cursor_claim_reads_few_pages(slow_looks):
-    import psycopg
-
     tube = Tube.objects.create_tube("cursor-held", "fifo")
     for start in range(0, 30_000, 10_000):
         tube.put_many(list(range(start, start + 10_000)))
-    db = settings.DATABASES["default"]
-    other = psycopg.connect(
-        dbname=connection.settings_dict["NAME"],
-        user=db.get("USER") or None,
-        host=db.get("HOST") or None,
-        port=db.get("PORT") or None,
-        autocommit=True,  # the BEGIN below starts the transaction, at its isolation level
-    )
-    try:
-        other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        other.execute("SELECT count(*) FROM taskloop_tube").fetchone()  # the snapshot is taken
+    with held_transaction():
         at = ClaimCursor()
         taken = tube.take_many(1_000, consumer="w", cursor=at)
         for _ in range(24):  # 25,000 claimed and deleted, their entries kept by the snapshot
             _, taken = tube.ack_and_take([task.id for task in taken], 1_000, consumer="w", cursor=at)
         from_cursor = buffers(claim_statement(lambda: tube.take_many(100, consumer="w", cursor=at)))
         from_head = buffers(claim_statement(lambda: tube.take_many(100, consumer="w2")))
-    finally:
-        other.close()
     # 100 claimed rows: a few index pages, a heap page per row at most.
     assert from_cursor < 150, from_cursor
     # From the head: every entry that 25,000 finished tasks left, and the pages they point to.

@@ -9,18 +9,17 @@ import json
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection, connections
+from django.db import connection
 from django.urls import reverse
 
 from django_taskloop.health import CleanupWatch, database_cleanup, queue_tables
 from django_taskloop.metrics import render_metrics
 from django_taskloop.models import Tube
 
+from .held_util import held_transaction
 from .workers_util import ROOT, child_env, wait_until, workers_command
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,28 +27,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 servers_only = pytest.mark.skipif(
     "connection.vendor == 'sqlite'", reason="SQLite keeps no old row versions (see the SQLite test)"
 )
-
-
-@contextmanager
-def held_transaction() -> Iterator[int]:
-    """Hold a REPEATABLE READ transaction open in another connection (as a long report, a
-    ``pg_dump`` or a request idle in its transaction does); yield its server process id."""
-    other = connections.create_connection("default")
-    try:
-        other.set_autocommit(False)
-        with other.cursor() as cursor:
-            if other.vendor == "postgresql":
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                cursor.execute("SELECT pg_backend_pid()")
-            else:
-                cursor.execute("SELECT CONNECTION_ID()")
-            pid = cursor.fetchone()[0]
-            cursor.execute("SELECT COUNT(*) FROM taskloop_tube")  # the snapshot (InnoDB: a read view)
-            cursor.fetchone()
-        yield pid
-    finally:
-        other.rollback()
-        other.close()
 
 
 def gauge(text: str, name: str, **labels: str) -> float | None:

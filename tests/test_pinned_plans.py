@@ -18,13 +18,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from django_taskloop.engine import vendor
 from django_taskloop.models import Tube
 from django_taskloop.models.tubes import ClaimCursor
+
+from .held_util import held_transaction
 
 pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's planner"),
@@ -39,20 +40,8 @@ def misleading_statistics() -> Iterator[tuple[Tube, ClaimCursor]]:
     """A tube whose table an ANALYZE saw nearly empty among 30,000 dead rows (kept by a
     transaction held open meanwhile), with a backlog of 20,000 put since; and a worker's
     cursor that has claimed the first 100 of them."""
-    import psycopg
-
     tube = Tube.objects.create_tube("pinned-plans", "fifo")
-    db = settings.DATABASES["default"]
-    other = psycopg.connect(
-        dbname=connection.settings_dict["NAME"],
-        user=db.get("USER") or None,
-        host=db.get("HOST") or None,
-        port=db.get("PORT") or None,
-        autocommit=True,
-    )
-    try:
-        other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        other.execute("SELECT count(*) FROM taskloop_tube").fetchone()  # the snapshot is taken
+    with held_transaction():
         for start in range(0, 30_000, 10_000):
             tube.put_many(list(range(start, start + 10_000)))
         at = ClaimCursor()
@@ -66,8 +55,6 @@ def misleading_statistics() -> Iterator[tuple[Tube, ClaimCursor]]:
         for start in range(30_050, 50_050, 10_000):
             tube.put_many(list(range(start, start + 10_000)))
         yield tube, at
-    finally:
-        other.close()
 
 
 def statements(call: Callable[[], Any]) -> list[str]:
