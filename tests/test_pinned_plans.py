@@ -137,3 +137,48 @@ def test_a_callers_transaction_is_never_pinned(misleading_statistics):
         with connection.cursor() as cursor:
             cursor.execute("SHOW enable_seqscan")
             assert cursor.fetchone()[0] == "on"
+
+
+def plan_without_primary_key(sql: str) -> str:
+    """The pinned plan of ``sql`` had the table no primary key (dropped in a transaction
+    that is rolled back): what else the planner could read the rows by."""
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        try:
+            cursor.execute("ALTER TABLE taskloop_task DROP CONSTRAINT taskloop_task_pkey CASCADE")
+            cursor.execute(vendor.PIN_POSTGRESQL_PLANS)
+            cursor.execute(f"EXPLAIN {sql}")
+            return "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("ROLLBACK")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "fifottl", "utube"])
+def test_no_index_but_the_primary_key_can_serve_a_settle(kind):
+    """Seen in bench/held_horizon.py's steady churn, pinned: an acknowledgement of 100 ids
+    planned as a walk of the whole claim index (``Index Cond: id = ANY(…)`` on its last
+    column), which statistics taken among many dead rows made look cheaper than 100 primary
+    key lookups; a minute of slow batches. A settle finds its rows by their ids: no other
+    index may be able to serve it, whatever the statistics."""
+    tube = Tube.objects.create_tube(f"settle-{kind}", kind, **({"ttr": 60} if kind == "fifottl" else {}))
+    put = (lambda n: tube.put_many(list(range(n)))) if kind != "utube" else None
+    if put:
+        put(300)
+    else:
+        for n in range(300):
+            tube.put(n, utube=f"k{n}")
+    at = ClaimCursor()
+    ids = lambda n: [task.id for task in tube.take_many(n, consumer="w", cursor=at)]  # noqa: E731
+    settles: dict[str, Callable[[], Any]] = {
+        "ack_many": lambda: tube.ack_many(ids(10), consumer="w"),
+        "release_many": lambda: tube.release_many(ids(10), consumer="w"),
+        "ack_and_take": lambda: tube.ack_and_take(ids(10), 10, consumer="w", cursor=at),
+    }
+    if kind == "fifottl":
+        settles["touch_many"] = lambda: tube.touch_many(ids(10), 30, consumer="w")
+    for name, call in settles.items():
+        sent = [sql for sql in statements(call) if '"taskloop_task"."owner" = ' in sql]
+        assert sent, (name, "no settle statement seen")
+        for sql in sent:
+            settle = plan_without_primary_key(sql).split("CTE c")[0]
+            assert "Index" not in settle, (name, sql, settle)

@@ -325,6 +325,11 @@ def take_write_lock(connection: Any, table: str) -> None:
             cursor.execute(f"UPDATE {qn(table)} SET rowid = rowid WHERE 0")
 
 
+#: What a schema editor runs for an index a database does not get (MySQL's statement that
+#: does nothing; an index's SQL cannot be None).
+NO_INDEX = "DO 0"
+
+
 class PartialIndex(Index):
     """An index of the rows matching ``where``, where the database has partial indexes
     (PostgreSQL, SQLite), and of every row elsewhere (MySQL/MariaDB).
@@ -339,18 +344,26 @@ class PartialIndex(Index):
     matching ``where`` — e.g. a column that is NULL in most rows: NULLs never collide, yet on
     every database each of them is an index entry to write. (A ``UniqueConstraint`` with a
     ``condition`` would give MySQL no index at all.)
+
+    ``only_partial=True``: no index at all where partial indexes are missing — for the other
+    half of a table split by ``where``, whose first half is there a whole index already.
     """
 
-    def __init__(self, *args: Any, where: Q, unique: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, where: Q, unique: bool = False, only_partial: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.where = where
         self.unique = unique
+        self.only_partial = only_partial
 
     def deconstruct(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
         path, args, kwargs = super().deconstruct()
         kwargs["where"] = self.where
         if self.unique:
             kwargs["unique"] = True
+        if self.only_partial:
+            kwargs["only_partial"] = True
         return path, tuple(args), kwargs
 
     def __eq__(self, other: object) -> bool:
@@ -358,11 +371,22 @@ class PartialIndex(Index):
             super().__eq__(other)
             and getattr(other, "where", None) == self.where
             and getattr(other, "unique", False) == self.unique
+            and getattr(other, "only_partial", False) == self.only_partial
         )
 
     __hash__ = Index.__hash__
 
+    def _absent(self, schema_editor: Any) -> bool:
+        return self.only_partial and not schema_editor.connection.features.supports_partial_indexes
+
+    def remove_sql(self, model: Any, schema_editor: Any, **kwargs: Any) -> Any:
+        if self._absent(schema_editor):
+            return NO_INDEX
+        return super().remove_sql(model, schema_editor, **kwargs)
+
     def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        if self._absent(schema_editor):
+            return NO_INDEX
         if self.unique:
             # The backend's own CREATE INDEX template (its USING, INCLUDE and WHERE parts).
             template = schema_editor.sql_create_index

@@ -407,8 +407,12 @@ class TubeConsuming(TubeBase):
         return ("tube", what, self.pk, self.type, consumer)
 
     def _held(self, consumer: str) -> Q:
-        """Tasks ``consumer`` holds now (for ttl drivers: whose ttr has not run out)."""
-        held = Q(state=TAKEN, owner=consumer)
+        """Tasks ``consumer`` holds now (for ttl drivers: whose ttr has not run out).
+
+        By owner alone: only a taken task has one. A filter naming the state would imply the
+        predicate of the index of tasks not ready, by which a planner misled by statistics
+        could read every taken task's dead entry instead of the ids' primary keys."""
+        held = Q(owner=consumer)
         if self._has_ttl:
             held &= Q(event_at__isnull=True) | Q(event_at__gt=engine.DbNow())
         return held
