@@ -68,9 +68,10 @@ class Features:
 #: and picks by hair's breadth: a claim that sorts every ready row after its start, an
 #: acknowledgement that reads the whole table (both seen in bench/held_horizon.py, a minute
 #: long each, until the next ANALYZE). What is left are index scans: a claim's ordered scan
-#: that stops at the limit. (Not yet enough for an acknowledgement: by the same statistics a
-#: scan of the whole claim index, whose last column is the key, can look as cheap as a
-#: primary-key lookup per row, and was once chosen for a minute in steady churn.)
+#: that stops at the limit. (Not enough for an acknowledgement alone: by the same statistics a
+#: scan of a whole index whose last column is the key looked as cheap as a primary-key lookup
+#: per row, a minute in steady churn; the tube's indexes are therefore such that a settle's
+#: filter implies the predicate of none but the primary key: see ``Task.Meta.indexes``.)
 PIN_POSTGRESQL_PLANS = (
     "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), "
     "set_config('enable_sort', 'off', true)"
