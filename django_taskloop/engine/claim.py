@@ -40,6 +40,7 @@ def claim(
     later: bool = False,
     cursor: ClaimCursor | None = None,
     cursor_on: Sequence[str] | None = None,
+    index: str | None = None,
 ) -> Any:
     """Claim up to ``limit`` rows of ``queryset`` that match ``claimable``, best first.
 
@@ -69,6 +70,10 @@ def claim(
     ``cursor`` (with ``fetch``): a consumer's :class:`~.cursor.ClaimCursor` (see there); its
     position stands on ``cursor_on``, the end of ``order_by`` that ``claimable`` pins to no
     one value (an index range starts at a row comparison only there; default: ``order_by``).
+    ``index``: the name of the index that serves ``order_by``. A claim from a cursor's
+    position names it where the database takes hints (:attr:`Features.index_hint`): MariaDB
+    otherwise reads a long backlog after the position by the index's equal prefix from the
+    head, through every entry that purge has not removed yet.
     """
     if limit <= 0:
         return Claimed([]) if later else []
@@ -82,7 +87,8 @@ def claim(
         if statement is not None:
             return _claim_kept(queryset.model, using, statement, resume, later)
     claimable = _and(claimable, resume.condition(using))
-    claimed = _claim_through_orm(queryset, limit, claimable, order_by, changes, fetch, overfetch, direct)
+    hint = _hint(using, index) if resume.start is not None else None
+    claimed = _claim_through_orm(queryset, limit, claimable, order_by, changes, fetch, overfetch, direct, hint)
     resume.claimed(claimed if fetch else [])
     return Claimed(claimed) if later else claimed
 
@@ -97,6 +103,14 @@ def _claim_kept(
     )
     claimed = Claimed(rows, _finisher(statement, resume, using))
     return claimed if later else claimed.instances()
+
+
+def _hint(using: str, index: str | None) -> str | None:
+    """The index hint naming ``index`` on database ``using`` (``None``: none)."""
+    template = features(using).index_hint
+    if not template or index is None:
+        return None
+    return template.format(connections[using].ops.quote_name(index))
 
 
 def _and(claimable: Q | Callable[[], Q], more: Q | None) -> Q | Callable[[], Q]:
@@ -118,14 +132,16 @@ def _claim_through_orm(
     fetch: bool,
     overfetch: int,
     direct: bool,
+    hint: str | None = None,
 ) -> list[Any]:
     """:func:`claim` in the ORM's statements: the candidate read, the locking read and the
-    lease ``UPDATE`` (SQLite: the read and the ``UPDATE`` under the write lock)."""
+    lease ``UPDATE`` (SQLite: the read and the ``UPDATE`` under the write lock). ``hint``:
+    the index hint of a direct claim's locking read."""
     model = queryset.model
     using = queryset.db
     claimable = claimable() if callable(claimable) else claimable
     base = queryset.filter(claimable).order_by(*order_by)
-    lease = _Lease(queryset, changes() if callable(changes) else changes, fetch)
+    lease = _Lease(queryset, changes() if callable(changes) else changes, fetch, hint)
 
     if features(using).write_lock_first:
         # SQLite: nobody else can write while we hold the lock, so read and write at once.
@@ -170,12 +186,15 @@ class _Lease:
     """Steps (2) and (3) of a claim through the ORM: lock what is still claimable, and write
     the lease on it."""
 
-    def __init__(self, queryset: QuerySet[Any], changes: dict[str, Any], fetch: bool) -> None:
+    def __init__(
+        self, queryset: QuerySet[Any], changes: dict[str, Any], fetch: bool, hint: str | None = None
+    ) -> None:
         self.using = queryset.db
         self.rows = queryset.model._base_manager.db_manager(self.using)
         self.changes = changes
         self.fetch = fetch
         self.of = ("self",) if features(self.using).for_update_of else ()
+        self.hint = hint
 
     def write(self, pks: list[Any]) -> list[Any]:
         """(3) Write the lease on ``pks``; return them, or the rows as the claim left them."""
@@ -202,9 +221,8 @@ class _Lease:
         of their own (which sees everything committed before the rows were locked), and lease
         what passes.
         """
-        locked = list(
-            locking.select_for_update(skip_locked=True, of=self.of).values_list("pk", flat=True)[:limit]
-        )
+        keys = locking.select_for_update(skip_locked=True, of=self.of).values_list("pk", flat=True)[:limit]
+        locked = compiler.read_hinted(keys, self.hint) if self.hint else list(keys)
         if self.of and locked and compiler.reads_other_tables(base):
             still = set(base.filter(pk__in=locked).values_list("pk", flat=True))
             locked = [pk for pk in locked if pk in still]
@@ -369,6 +387,8 @@ class ClaimSpec:
     cursor: ClaimCursor | None = None
     #: The columns the cursor's position stands on (see :func:`claim`).
     cursor_on: Sequence[str] | None = None
+    #: The index that serves ``order_by`` (see :func:`claim`).
+    index: str | None = None
 
     def kept(self) -> bool:
         """Whether the claim is one statement, compiled once and kept under :attr:`key`."""
@@ -396,6 +416,7 @@ class ClaimSpec:
             later=later,
             cursor=self.cursor,
             cursor_on=self.cursor_on,
+            index=self.index,
         )
 
 

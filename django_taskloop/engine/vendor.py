@@ -60,6 +60,10 @@ class Features:
     #: A statement that pins, for the rest of the transaction, the plans that claims and
     #: acknowledgements need ("" where none is needed): see ``run_in_transaction(pin=True)``.
     pin_plans: str = ""
+    #: The index hint that makes a claim read a named index's range ("" where claims need
+    #: none): MySQL/MariaDB, whose optimizer reads a cursor claim behind a long backlog by the
+    #: index's equal prefix from the head instead (see :func:`~.claim.claim`'s ``index``).
+    index_hint: str = ""
 
 
 #: PostgreSQL: no sequential scan, bitmap scan or sort in the rest of the transaction. After an
@@ -93,6 +97,7 @@ def _features(alias: str, vendor: str, skip_locked: bool, of: bool, returning: b
         modifying_with=vendor == "postgresql",
         dead_entries_linger=vendor in ("postgresql", "mysql"),
         pin_plans=PIN_POSTGRESQL_PLANS if vendor == "postgresql" else "",
+        index_hint="FORCE INDEX ({})" if vendor == "mysql" else "",
     )
 
 

@@ -35,7 +35,7 @@ from .common import (
     _taken_key,
     _touched,
 )
-from .records import Consumer, Task, TubeStat, TubeWaiter, _check_task_id, _check_task_ids
+from .records import CLAIM_INDEX, Consumer, Task, TubeStat, TubeWaiter, _check_task_id, _check_task_ids
 
 
 def worth_trying(
@@ -322,6 +322,7 @@ class TubeConsuming(TubeBase):
             # utube: a sub-queue's next task lies behind the cursor when its head is finished.
             cursor=None if self._is_utube else cursor,
             cursor_on=self._cursor_on(),
+            index=CLAIM_INDEX,
         )
 
     def _ack_and_claim_at_once(

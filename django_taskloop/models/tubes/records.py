@@ -26,6 +26,10 @@ from .common import (
 )
 
 
+#: The index of the claim order (ready tasks; MySQL/MariaDB: all tasks).
+CLAIM_INDEX = "taskloop_task_claim"
+
+
 class TaskQuerySet(models.QuerySet["Task"]):
     """Named states of tasks, read with the database's clock: the single definition of each,
     used by ``statistics()``, the admin and the metrics.
@@ -130,9 +134,7 @@ class Task(models.Model):
             # (PostgreSQL, SQLite; MySQL has the whole index): a settle's filter implies
             # neither half, so the primary key is the only index that can serve it, whatever
             # statistics taken among many dead rows say (issue 30).
-            engine.PartialIndex(
-                fields=["tube", "state", "pri", "id"], name="taskloop_task_claim", where=Q(state=READY)
-            ),
+            engine.PartialIndex(fields=["tube", "state", "pri", "id"], name=CLAIM_INDEX, where=Q(state=READY)),
             engine.PartialIndex(
                 fields=["tube", "state", "pri", "id"],
                 name="taskloop_task_state",
