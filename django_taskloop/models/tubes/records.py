@@ -25,7 +25,6 @@ from .common import (
     _expired,
 )
 
-
 #: The index of the claim order (ready tasks; MySQL/MariaDB: all tasks).
 CLAIM_INDEX = "taskloop_task_claim"
 
