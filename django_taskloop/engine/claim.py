@@ -88,7 +88,9 @@ def claim(
             return _claim_kept(queryset.model, using, statement, resume, later)
     claimable = _and(claimable, resume.condition(using))
     hint = _hint(using, index) if resume.start is not None else None
-    claimed = _claim_through_orm(queryset, limit, claimable, order_by, changes, fetch, overfetch, direct, hint)
+    claimed = _claim_through_orm(
+        queryset, limit, claimable, order_by, changes, fetch, overfetch, direct, hint
+    )
     resume.claimed(claimed if fetch else [])
     return Claimed(claimed) if later else claimed
 

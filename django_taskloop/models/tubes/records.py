@@ -133,7 +133,9 @@ class Task(models.Model):
             # (PostgreSQL, SQLite; MySQL has the whole index): a settle's filter implies
             # neither half, so the primary key is the only index that can serve it, whatever
             # statistics taken among many dead rows say (issue 30).
-            engine.PartialIndex(fields=["tube", "state", "pri", "id"], name=CLAIM_INDEX, where=Q(state=READY)),
+            engine.PartialIndex(
+                fields=["tube", "state", "pri", "id"], name=CLAIM_INDEX, where=Q(state=READY)
+            ),
             engine.PartialIndex(
                 fields=["tube", "state", "pri", "id"],
                 name="taskloop_task_state",
