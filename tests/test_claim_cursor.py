@@ -140,8 +140,8 @@ def test_a_cursor_claim_is_one_range_of_the_claim_index(slow_looks):
     for start in range(0, 20_000, 5_000):
         tube.put_many(list(range(start, start + 5_000)))
     at = ClaimCursor()
-    # A worker that keeps up: a few hundred ready after where its takes stand. (MariaDB reads
-    # a long backlog after the cursor by the (tube, state, pri) prefix, from the head.)
+    # A worker that keeps up: a few hundred ready after where its takes stand (a long
+    # backlog after it: the test after the next).
     tube.take_many(19_700, consumer="w", cursor=at)
     if connection.vendor == "postgresql":
         # The statistics of an ANALYZE that ran before the newest puts: the cursor stands

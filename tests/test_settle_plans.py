@@ -10,6 +10,7 @@ held open elsewhere fills it with dead entries (118,000 buffers against 107 meas
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -177,3 +178,25 @@ def test_a_dead_consumers_tasks_are_still_found(busy_tube, settings):
     tubes_base._stale_checks.clear()
     tube.take_many(1, consumer="w2")  # its tidy gives w1's tasks back first
     assert not Task.objects.filter(pk__in=taken, owner="w1").exists()
+
+
+def test_the_claim_index_is_split_by_readiness_where_indexes_can_be_partial():
+    """Ready tasks in the claim index, the others in ``taskloop_task_state``: a settle's filter
+    (owner and keys) implies neither predicate. MySQL/MariaDB have no partial indexes: one
+    whole claim index there, and no second index to write."""
+    with connection.cursor() as cursor:
+        indexes = connection.introspection.get_constraints(cursor, "taskloop_task")
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'taskloop_task'")
+            definitions = dict(cursor.fetchall())
+        elif connection.vendor == "sqlite":
+            cursor.execute("SELECT name, sql FROM sqlite_master WHERE tbl_name = 'taskloop_task' AND type = 'index'")
+            definitions = dict(cursor.fetchall())
+    assert indexes["taskloop_task_claim"]["columns"] == ["tube_id", "state", "pri", "id"]
+    if connection.vendor == "mysql":
+        assert "taskloop_task_state" not in indexes
+        return
+    assert indexes["taskloop_task_state"]["columns"] == ["tube_id", "state", "pri", "id"]
+    claim, rest = definitions["taskloop_task_claim"], definitions["taskloop_task_state"]
+    assert re.search(r"WHERE \(?\(?\"?state\"?\)?(::text)? = 'r'", claim), claim
+    assert re.search(r"WHERE \(?NOT \(?\(?\"?state\"?\)?(::text)? = 'r'", rest), rest
