@@ -62,18 +62,13 @@ def claim(
     batches pay neither the ORM's query building nor a second round trip. ``claimable`` and
     ``changes`` may then be given as functions that build them, called only when needed.
 
-    ``later`` (with ``fetch``): return a :class:`Claimed`, whose instances the caller makes
-    once its transaction has committed. Turning a batch of rows into instances costs more
-    than the statement that claimed them; on SQLite, every other writer waits while it
-    happens inside the transaction.
+    ``later`` (with ``fetch``): return a :class:`Claimed`, whose instances the caller makes after
+    its commit: making them costs more than the claim, and on SQLite every writer waits meanwhile.
 
-    ``cursor`` (with ``fetch``): a consumer's :class:`~.cursor.ClaimCursor` (see there); its
-    position stands on ``cursor_on``, the end of ``order_by`` that ``claimable`` pins to no
-    one value (an index range starts at a row comparison only there; default: ``order_by``).
-    ``index``: the name of the index that serves ``order_by``. A claim from a cursor's
-    position names it where the database takes hints (:attr:`Features.index_hint`): MariaDB
-    otherwise reads a long backlog after the position by the index's equal prefix from the
-    head, through every entry that purge has not removed yet.
+    ``cursor`` (with ``fetch``): a consumer's :class:`~.cursor.ClaimCursor`; its position stands
+    on ``cursor_on``, the end of ``order_by`` that ``claimable`` pins to no one value (default:
+    ``order_by``). ``index``: the index serving ``order_by``, named to a database that takes
+    hints when a claim starts from a cursor (:attr:`Features.index_hint`: MariaDB).
     """
     if limit <= 0:
         return Claimed([]) if later else []
@@ -88,11 +83,9 @@ def claim(
             return _claim_kept(queryset.model, using, statement, resume, later)
     claimable = _and(claimable, resume.condition(using))
     hint = _hint(using, index) if resume.start is not None else None
-    claimed = _claim_through_orm(
-        queryset, limit, claimable, order_by, changes, fetch, overfetch, direct, hint
-    )
-    resume.claimed(claimed if fetch else [])
-    return Claimed(claimed) if later else claimed
+    rows = _claim_through_orm(queryset, limit, claimable, order_by, changes, fetch, overfetch, direct, hint)
+    resume.claimed(rows if fetch else [])
+    return Claimed(rows) if later else rows
 
 
 def _claim_kept(
