@@ -19,12 +19,16 @@ from typing import Any
 import pytest
 from django.db import DatabaseError, connection, connections
 
+from tests.reliability.conftest import SUFFIX
 from tests.testapp.models import Ticket
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 TABLE = Ticket._meta.db_table
-LOCK_NAME = "taskloop_reliab_pause"
+# MariaDB's named locks are the server's, not a database's: a run of its own (CI runs two
+# test streams at once on one server; one once took the other's lock and its claim never
+# paused).
+LOCK_NAME = f"taskloop_reliab_pause_{SUFFIX}"[:64]
 LOCK_KEY = 4_242_009
 
 
@@ -236,9 +240,15 @@ def _claim_and_park(parked: Any, sessions: Any, go: Any) -> None:
 
 
 def _hold_pause_lock(vendor: str, hold: bool) -> None:
+    """Take (or let go of) the lock the trigger waits for; taking it must succeed, or the claim
+    would not pause (wait for a killed client's session that the server let take it)."""
     with connection.cursor() as cursor:
         if vendor == "mysql":
-            cursor.execute("SELECT GET_LOCK(%s, 0)" if hold else "SELECT RELEASE_LOCK(%s)", [LOCK_NAME])
+            if hold:
+                cursor.execute("SELECT GET_LOCK(%s, 60)", [LOCK_NAME])
+                assert cursor.fetchone()[0] == 1, "another session kept the pause lock for 60 s"
+            else:
+                cursor.execute("SELECT RELEASE_LOCK(%s)", [LOCK_NAME])
         else:
             cursor.execute(
                 "SELECT pg_advisory_lock(%s)" if hold else "SELECT pg_advisory_unlock(%s)", [LOCK_KEY]
