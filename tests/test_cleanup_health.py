@@ -9,6 +9,7 @@ import json
 import subprocess
 import threading
 import time
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -52,13 +53,20 @@ def test_queue_tables_name_ours_by_database():
     assert "taskloop_job" in tables["default"]
 
 
+def _oldest_is(pid: int) -> Any:
+    """The database's look, once the oldest other transaction it sees is ``pid``'s.
+
+    MariaDB's look is the server's (InnoDB's purge is): a transaction another run holds on
+    the same server (CI runs two test streams at once) may be older than ours a while."""
+    read = database_cleanup()["default"]
+    return read if read.holder is not None and read.holder.pid == pid else None
+
+
 @servers_only
 def test_a_held_transaction_shows_and_goes():
     with held_transaction() as pid:
         time.sleep(1.1)
-        read = database_cleanup()["default"]
-        assert read.holder is not None
-        assert read.holder.pid == pid
+        read = wait_until(lambda: _oldest_is(pid))
         assert read.holder.seconds >= 1.0
         assert read.holder.state == "idle in transaction"
         assert f"pid {pid}" in read.holder.describe()
@@ -66,7 +74,15 @@ def test_a_held_transaction_shows_and_goes():
         assert age is not None and age >= 1.0
     # Ended: nothing of it is left (MariaDB's INNODB_TRX is a copy up to 0.1 s old).
     wait_until(lambda: _gone(pid))
-    assert gauge(render_metrics(), "taskloop_db_oldest_transaction_seconds", database="default") < 1.0
+    wait_until(lambda: _gauge_not_ours(pid))
+
+
+def _gauge_not_ours(pid: int) -> bool:
+    """The oldest-transaction gauge no longer counts ``pid``'s: it is under a second, or the
+    look names another transaction (another run's on the same MariaDB server)."""
+    age = gauge(render_metrics(), "taskloop_db_oldest_transaction_seconds", database="default")
+    holder = database_cleanup()["default"].holder
+    return age is not None and (age < 1.0 or (holder is not None and holder.pid != pid))
 
 
 def _gone(pid: int) -> bool:
@@ -80,13 +96,16 @@ def test_the_dashboard_shows_the_held_transaction_and_then_not(admin_client, set
     url = reverse("admin:django_taskloop_dashboard")
     with held_transaction() as pid:
         time.sleep(1.1)
+        wait_until(lambda: _oldest_is(pid))
         page = admin_client.get(url).content.decode()
         assert "Database cleanup" in page and f"pid {pid}" in page, page
         assert "holds back cleanup" in page and "reap_locks --vacuum" in page
         assert ("dead row versions" if connection.vendor == "postgresql" else "purge backlog") in page
     wait_until(lambda: _gone(pid))
     page = admin_client.get(url).content.decode()
-    assert "Database cleanup" in page and f"pid {pid}" not in page and "holds back cleanup" not in page
+    assert "Database cleanup" in page and f"pid {pid}" not in page
+    if database_cleanup()["default"].holder is None:  # (another run's, on a shared MariaDB)
+        assert "holds back cleanup" not in page
 
 
 def test_the_dashboard_has_no_cleanup_section_on_sqlite(admin_client):
@@ -101,6 +120,7 @@ def test_the_watch_warns_once_then_says_it_ended(settings):
     assert watch.look() == []
     with held_transaction() as pid:
         time.sleep(1.1)
+        wait_until(lambda: _oldest_is(pid))
         (line,) = watch.look()
         assert line[0] == "warning"
         assert f"pid {pid}" in line[1] and "holds back cleanup" in line[1] and "'default'" in line[1]
