@@ -190,7 +190,9 @@ def test_the_claim_index_is_split_by_readiness_where_indexes_can_be_partial():
             cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'taskloop_task'")
             definitions = dict(cursor.fetchall())
         elif connection.vendor == "sqlite":
-            cursor.execute("SELECT name, sql FROM sqlite_master WHERE tbl_name = 'taskloop_task' AND type = 'index'")
+            cursor.execute(
+                "SELECT name, sql FROM sqlite_master WHERE tbl_name = 'taskloop_task' AND type = 'index'"
+            )
             definitions = dict(cursor.fetchall())
     assert indexes["taskloop_task_claim"]["columns"] == ["tube_id", "state", "pri", "id"]
     if connection.vendor == "mysql":
