@@ -33,6 +33,7 @@ from . import FailedForGood, Handler, StopNow, get_handlers, inside_user_code
 from .batches import Batch, Chores, Tally, count, outcome, progress_key
 from .drivers import Driver, TubeDriver, make_driver, tubes_worth_trying
 from .outage import Outages, check_databases, drop_broken_connections, first_line, refuse_unmigrated
+from .stopping import StopEvent
 from .supervisor import STOP_SIGNALS, Supervisor
 
 __all__ = ["Worker", "run_workers"]
@@ -67,7 +68,8 @@ class Worker:
         self.tallies = {driver.handler.name: Tally() for driver in self.drivers}
         self.stopping = False
         self.aborting = False
-        self.wake = threading.Event()
+        # Set by the stop signals' handlers: not a threading.Event (see StopEvent).
+        self.wake = StopEvent()
         # Items claimed and not yet finished, by driver: what the heartbeat renews and what a
         # stop gives back.
         self.inflight: dict[Driver, list[Any]] = {}

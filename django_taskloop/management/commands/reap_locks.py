@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from typing import Any
 
@@ -12,6 +11,7 @@ from django.db import connections
 
 from django_taskloop.health import vacuum_queue_tables
 from django_taskloop.reaper import format_report, reap
+from django_taskloop.workers.stopping import StopEvent
 
 #: Seconds a stopped ``--every`` loop may take to finish its round before the process ends anyway.
 STOP_WITHIN = 20
@@ -71,7 +71,7 @@ class Command(BaseCommand):
         # Stop between two rounds, never in the middle of one: the first SIGINT/SIGTERM ends the
         # sleep at once or lets the round in hand finish; a second one (or a round still stuck
         # STOP_WITHIN seconds later, e.g. on a locked SQLite file) ends the process.
-        stop = threading.Event()
+        stop = StopEvent()  # (not a threading.Event: a handler sets it; see StopEvent)
 
         def on_signal(signum: int, frame: Any) -> None:
             if stop.is_set():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from io import TextIOBase
 from typing import Any
@@ -30,6 +29,7 @@ from django_taskloop.stats import (
     shown_queue,
     workers_serving,
 )
+from django_taskloop.workers.stopping import StopEvent
 
 from .queues import Queue
 from .text import clip, duration, plural, table
@@ -182,7 +182,7 @@ CLEAR = "\x1b[H\x1b[2J"
 def watch(every: float, draw: Callable[[], str], out: TextIOBase, *, tty: bool) -> None:
     """Write ``draw()`` every ``every`` seconds until SIGINT or SIGTERM (a second one ends a
     refresh in the middle); in place on a tty, as blocks one after another otherwise."""
-    stop = threading.Event()
+    stop = StopEvent()  # (not a threading.Event: see StopEvent)
 
     def on_signal(signum: int, frame: Any) -> None:
         if stop.is_set():  # a second one: stop now, even in the middle of a slow read
