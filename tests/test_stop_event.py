@@ -6,6 +6,7 @@ once saw ``taskloop status --watch`` never stop on Ctrl-C). StopEvent takes no l
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -68,3 +69,16 @@ def test_handlers_set_it_many_times_while_the_main_thread_waits_in_short_waits()
         [sys.executable, "-c", ROUNDS, "stop-event"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0 and "all rounds ended" in done.stdout, done.stderr
+
+
+def test_a_forked_child_waits_on_a_pipe_of_its_own():
+    event = StopEvent()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's set() must not end its waits
+        time.sleep(0.3)
+        started = time.monotonic()
+        ok = event.wait(0.3) is False and time.monotonic() - started >= 0.25
+        os._exit(0 if ok else 1)
+    event.set()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -22,14 +22,26 @@ class StopEvent:
 
     def __init__(self) -> None:
         self._set = False
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._write, False)
-        weakref.finalize(self, _close, self._read, self._write)
+        self._pid = -1
+        self._pipe()
+
+    def _pipe(self) -> int:
+        """The pipe's read end. A forked child gets a pipe of its own: sharing its parent's,
+        it would see the parent's byte with its own flag unset, and never wait again."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._read, self._write = os.pipe()
+            os.set_blocking(self._write, False)
+            weakref.finalize(self, _close, self._read, self._write)
+            if self._set:
+                os.write(self._write, b"!")
+        return self._read
 
     def set(self) -> None:
         if self._set:
             return
         self._set = True
+        self._pipe()
         try:
             os.write(self._write, b"!")
         except BlockingIOError:  # (a byte is there already)
@@ -42,7 +54,7 @@ class StopEvent:
         """Wait until the event is set or ``timeout`` seconds have passed; return whether it
         is set. (The byte stays in the pipe: every later wait returns at once.)"""
         if not self._set:
-            select.select([self._read], [], [], None if timeout is None else max(0.0, timeout))
+            select.select([self._pipe()], [], [], None if timeout is None else max(0.0, timeout))
         return self._set
 
 
