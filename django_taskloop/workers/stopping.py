@@ -10,6 +10,7 @@ takes a lock; its waiters wait on the pipe.
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import weakref
@@ -54,7 +55,10 @@ class StopEvent:
         """Wait until the event is set or ``timeout`` seconds have passed; return whether it
         is set. (The byte stays in the pipe: every later wait returns at once.)"""
         if not self._set:
-            select.select([self._pipe()], [], [], None if timeout is None else max(0.0, timeout))
+            # poll, not select: select refuses descriptors past 1,023 (a process with many open).
+            poller = select.poll()
+            poller.register(self._pipe(), select.POLLIN)
+            poller.poll(None if timeout is None else math.ceil(max(0.0, timeout) * 1000))
         return self._set
 
 
