@@ -312,3 +312,38 @@ def test_a_burst_worker_exits_without_waiting_out_its_heartbeats_pause(settings,
     started = time.monotonic()
     assert worker.run() == 0
     assert time.monotonic() - started < 15  # not the heartbeat's 30 s join timeout
+
+
+def test_a_burst_does_not_end_while_a_rivals_claim_holds_a_ready_task():
+    """A burst ends when nothing is left to claim, not when a claim came back empty: a claim
+    skips rows that another transaction holds (a rival's claim in flight, which may leave them
+    ready), so an empty claim proves nothing (CI: a burst of two processes ended one process
+    while a keyed task was still ready, and its partner waited for it in vain). Here a
+    transaction holds the only ready task's row for a second while a burst starts."""
+    tube_ = Tube.objects.create_tube("w-burst-held", "fifo")
+    task_ = tube_.put({"n": 1})
+    ran: list[Any] = []
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                # A write that changes nothing: a row lock (SQLite: the write lock) until commit.
+                Task.objects.filter(pk=task_.pk).update(pri=task_.pri)
+                holding.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        threading.Timer(1.0, release.set).start()
+        worker = Worker([Handler("tube", "w-burst-held", ran.append, "w-burst-held", create={"type": "fifo"})], burst=True, schedule=False)
+        assert worker.run() == 0
+    finally:
+        release.set()
+        holder.join()
+    assert [item.data for item in ran] == [{"n": 1}]
+    assert tube_.statistics()["tasks"]["ready"] == 0

@@ -202,8 +202,8 @@ class Worker:
         wakeup.keep_listeners()
 
     def _work(self) -> None:
-        """Run rounds until a stop (or, in a burst, until a round finds nothing); idle between
-        them as cheaply as the handlers allow."""
+        """Run rounds until a stop (or, in a burst, until a round finds nothing and nothing
+        is claimable in its tubes); idle between them as cheaply as the handlers allow."""
         idle = float(setting("POLL_MIN"))
         tubes = [driver for driver in self.drivers if isinstance(driver, TubeDriver)]
         # Tubes that the last poll found nothing in: the round after it does not claim there.
@@ -220,7 +220,11 @@ class Worker:
                 idle = float(setting("POLL_MIN"))
                 continue
             if self.burst:
-                break
+                if self._burst_over(tubes):
+                    break
+                self.wake.wait(idle)
+                idle = min(idle * float(setting("POLL_FACTOR")), float(setting("POLL_MAX")))
+                continue
             if self._supervisor_gone():
                 logger.warning("worker %s: supervisor gone, stopping", self.identity)
                 break
@@ -229,6 +233,15 @@ class Worker:
             else:
                 skip = self._poll(tubes, idle)
                 idle = min(idle * float(setting("POLL_FACTOR")), float(setting("POLL_MAX")))
+
+    def _burst_over(self, tubes: list[TubeDriver]) -> bool:
+        """Say whether a burst whose last round found nothing is over: its tubes have nothing
+        claimable by a plain read. A claim skips the rows other transactions hold (a rival's
+        claim in flight may leave them ready), so an empty claim alone proves nothing."""
+        try:
+            return len(self._not_worth_trying(tubes)) == len(tubes)
+        except (DatabaseError, DatabaseBusy):
+            return False
 
     def _round(self, skip: set[Driver]) -> int:
         """Settle what earlier rounds kept, then run a batch of each driver (but those in
