@@ -340,7 +340,11 @@ def test_a_burst_does_not_end_while_a_rivals_claim_holds_a_ready_task():
     try:
         assert holding.wait(10)
         threading.Timer(1.0, release.set).start()
-        worker = Worker([Handler("tube", "w-burst-held", ran.append, "w-burst-held", create={"type": "fifo"})], burst=True, schedule=False)
+        worker = Worker(
+            [Handler("tube", "w-burst-held", ran.append, "w-burst-held", create={"type": "fifo"})],
+            burst=True,
+            schedule=False,
+        )
         assert worker.run() == 0
     finally:
         release.set()
