@@ -55,6 +55,9 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDULE": {},
     # The IANA time zone cron expressions are read in (None: UTC).
     "TIME_ZONE": None,
+    # Tubes spread over several databases: tube name → the DATABASES aliases of its shards
+    # (see django_taskloop.shards). A tube not named here lives in one database.
+    "SHARDS": {},
 }
 
 
@@ -81,6 +84,22 @@ def _token(value: Any, name: str) -> Any:
 def _mapping(value: Any, name: str) -> Any:
     if not isinstance(value, dict):
         raise TypeError(f"{name} must be a dict, not {type(value).__name__}")
+    return value
+
+
+def _shards(value: Any, name: str) -> Any:
+    _mapping(value, name)
+    for tube, aliases in value.items():
+        where = f"{name}[{tube!r}]"
+        if not isinstance(tube, str) or not tube:
+            raise TypeError(f"{name}'s keys must be tube names (non-empty str), not {tube!r}")
+        if not isinstance(aliases, (list, tuple)) or not aliases:
+            raise TypeError(f"{where} must be a non-empty list of DATABASES aliases, not {aliases!r}")
+        unknown = [alias for alias in aliases if alias not in settings.DATABASES]
+        if unknown:
+            raise ValueError(f"{where} names {unknown[0]!r}, which is not in DATABASES")
+        if len(set(aliases)) != len(aliases):
+            raise ValueError(f"{where} names a database twice: {list(aliases)!r}")
     return value
 
 
@@ -115,6 +134,7 @@ RULES: dict[str, Callable[[Any, str], Any]] = {
     "POLL_MAX": _seconds(positive=True),
     "SCHEDULE": _mapping,
     "TIME_ZONE": _zone,
+    "SHARDS": _shards,
 }
 
 

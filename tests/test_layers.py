@@ -30,7 +30,7 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("progress",)),
     (1, ("engine", "wakeup")),
     (2, ("models",)),
-    (3, ("stats", "reaper", "health")),
+    (3, ("stats", "reaper", "health", "shards")),
     (4, ("workers", "backends", "schedules")),
     (5, ("admin", "metrics", "management", "checks", "templatetags", "urls", "apps", "views")),
     # The test helpers (django_taskloop.testing, its pytest plugin): edges, on the Tasks backend.

@@ -31,7 +31,7 @@ from __future__ import annotations
 import builtins
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -39,7 +39,8 @@ from django.utils.module_loading import autodiscover_modules
 
 from ..compat import explain_refused_options
 from ..cron import periodic
-from ..exceptions import NotFound, TubeError
+from ..exceptions import NotFound
+from ..shards import ShardedTube, databases_of, is_sharded, open_tube
 from ..validation import check_count, check_handler, check_name, check_seconds
 from .runtime import FailedForGood, StopNow, run_interruptibly
 from .runtime import backoff as backoff  # re-exported: drivers and the runner import them here
@@ -51,6 +52,7 @@ logger = logging.getLogger("django_taskloop.workers")
 __all__ = [
     "Handler",
     "open_tube",
+    "shard_handlers",
     "loop",
     "tube",
     "board",
@@ -95,6 +97,9 @@ class Handler:
     #: The Django Tasks queue it serves (its plain or its keyed tasks): ``--only`` selects
     #: every handler of a queue by the queue's Django name.
     queue: str | None = None
+    #: Tubes: the database this handler serves, one shard of a tube that ``SHARDS`` spreads
+    #: over several (the worker makes one handler per shard); ``None``: the router's.
+    database: str | None = None
     #: Tubes: the tube by database alias, once :meth:`get_tube` has opened it.
     _tubes: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -125,10 +130,15 @@ class Handler:
             )
         from ..models import Tube
 
-        using = str(Tube.objects.db)
+        if self.database is None and is_sharded(self.target):
+            sharded = self._tubes.get("*")
+            if sharded is None:
+                sharded = self._tubes["*"] = ShardedTube(self.target, databases_of(self.target), self.create)
+            return sharded
+        using = self.database or str(Tube.objects.db)
         tube = self._tubes.get(using)
         if tube is None:
-            tube = self._tubes[using] = open_tube(self.target, self.create)
+            tube = self._tubes[using] = open_tube(self.target, self.create, using=using)
         return tube
 
     def _with_tube(self, verb: str, *args: Any, **kwargs: Any) -> Any:
@@ -186,30 +196,16 @@ def _register(handler: Handler) -> Handler:
     return handler
 
 
-def open_tube(name: str, options: dict[str, Any]) -> Any:
-    """Return tube ``name``, made with ``options`` (``create_tube``'s) if it does not exist.
-
-    A tube that exists with other options stays as it is, with a warning that names both (the
-    tasks in it were put under its options): ``create_tube`` warns of other ttl/ttr/pri, and
-    another type, which it refuses, is warned of here.
-    """
-    from ..models import Tube
-
-    try:
-        return Tube.objects.create_tube(name, if_not_exists=True, **options)
-    except TubeError:
-        existing = Tube.objects.filter(name=name).first()
-        if existing is None:
-            raise
-    differ = {key: value for key, value in options.items() if getattr(existing, key) != value}
-    logger.warning(
-        "tube %r exists with %s; @tube asked for %s: the stored tube stays (drop and re-create "
-        "it, or change the code to match)",
-        name,
-        ", ".join(f"{key} {getattr(existing, key)!r}" for key in differ),
-        ", ".join(f"{key}={value!r}" for key, value in differ.items()),
-    )
-    return existing
+def shard_handlers(handlers: Iterable[Handler]) -> list[Handler]:
+    """Return ``handlers`` with each tube handler of a tube that ``SHARDS`` spreads over
+    several databases made one handler per shard (:attr:`Handler.database`)."""
+    out: list[Handler] = []
+    for handler in handlers:
+        if handler.kind != "tube" or handler.database is not None or not is_sharded(handler.target):
+            out.append(handler)
+            continue
+        out.extend(replace(handler, database=alias, _tubes={}) for alias in databases_of(handler.target))
+    return out
 
 
 def loop(

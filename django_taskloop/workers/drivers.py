@@ -63,8 +63,10 @@ class Driver(Generic[Item]):
         return item
 
     def describe_queue(self) -> str:
-        """Name what this driver serves, for log lines: ``tube "emails"``."""
-        return f'{self.handler.kind} "{self.handler.name}"'
+        """Name what this driver serves, for log lines: ``tube "emails"`` (one shard of a
+        sharded tube: ``tube "emails" on queue2``)."""
+        shard = f" on {self.handler.database}" if self.handler.database is not None else ""
+        return f'{self.handler.kind} "{self.handler.name}"{shard}'
 
     def describe(self, item: Item) -> str:
         """Name one item, for log lines: ``task 10 of tube "emails"``."""
@@ -210,7 +212,9 @@ class TubeDriver(Driver["Task"]):
     @property
     def using(self) -> str:
         # Before prepare(): the database the tube is made on.
-        return self._tube.using if self._tube is not None else str(Tube.objects.db)
+        if self._tube is not None:
+            return self._tube.using
+        return self.handler.database or str(Tube.objects.db)
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
@@ -243,7 +247,7 @@ class TubeDriver(Driver["Task"]):
 
     def prepare(self) -> None:
         # A tube made elsewhere with other options is served as it is, with a warning.
-        self.tube = open_tube(self.handler.target, self.handler.create)
+        self.tube = open_tube(self.handler.target, self.handler.create, using=self.handler.database)
 
     def _ttl_type(self) -> bool:
         return str(self.tube.type).endswith("ttl")

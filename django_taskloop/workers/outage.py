@@ -14,6 +14,7 @@ from typing import Any
 from django.db import DatabaseError, connections, router
 from django.db.migrations.executor import MigrationExecutor
 
+from ..engine.reach import unreachable
 from ..models import JobBoard, Tube
 from . import Handler
 from .drivers import Driver, make_driver
@@ -52,20 +53,6 @@ def describe(alias: str) -> str:
         else settings.get("NAME")
     )
     return f"{alias!r} ({where})"
-
-
-def unreachable(alias: str) -> DatabaseError | None:
-    """Return the error of a fresh connection to ``alias`` if it cannot be made, else ``None``
-    (the connection is left open for the next use)."""
-    connection = connections[alias]
-    try:
-        if connection.connection is None or not connection.is_usable():
-            connection.close()
-            connection.ensure_connection()
-    except DatabaseError as error:
-        connection.close()
-        return error
-    return None
 
 
 def first_line(error: BaseException) -> str:
@@ -191,3 +178,79 @@ def check_databases(handlers: Sequence[Handler], processes: int) -> None:
         refuse_unmigrated(drivers)
     if processes > 1:
         connections.close_all()  # no connection of the supervisor's is shared with its children
+
+
+class Parked:
+    """The shards a worker serving several databases found down: their queues wait (looked at
+    again every few seconds, and prepared once back) while the worker goes on with the others.
+    A worker of one database waits its outage out instead (:meth:`Outages.wait`)."""
+
+    def __init__(self) -> None:
+        #: alias -> (when it was parked, when to look at it again) (monotonic)
+        self.until: dict[str, tuple[float, float]] = {}
+        #: Drivers not prepared yet: their database was down when the worker started.
+        self.unprepared: set[Driver] = set()
+
+    def prepare(self, drivers: Sequence[Driver]) -> None:
+        """Prepare ``drivers``; with several databases, those of a database that is down wait
+        (prepared by :meth:`ready` once it is back). Database errors propagate otherwise."""
+        several = len({driver.using for driver in drivers}) > 1
+        for driver in drivers:
+            try:
+                driver.prepare()
+            except DatabaseError:
+                if not (several and self.park(driver.using)):
+                    raise
+                self.unprepared.add(driver)
+
+    def ready(self, driver: Driver) -> bool:
+        """Say whether ``driver`` may be used now: its database is not parked (or is back)
+        and the driver is prepared (it is prepared here if need be)."""
+        if self.until and self.skip(driver.using):
+            return False
+        if driver in self.unprepared:
+            try:
+                driver.prepare()
+            except DatabaseError:
+                if self.park(driver.using):
+                    return False
+                raise
+            self.unprepared.discard(driver)
+        return True
+
+    def quiet(self, driver: Driver) -> bool:
+        """Say whether the heartbeat leaves ``driver`` alone (its database is parked, or it is
+        not prepared yet): a beat there could only fail."""
+        return driver.using in self.until or driver in self.unprepared
+
+    def park(self, alias: str) -> bool:
+        """After a database error on ``alias``: park it if it cannot be reached (say so once);
+        return whether it was parked."""
+        error = unreachable(alias)
+        if error is None:
+            return False
+        now = time.monotonic()
+        if alias not in self.until:
+            logger.warning(
+                "database %s is unreachable (%s); its queues wait for it, the others go on",
+                describe(alias),
+                first_line(error),
+            )
+        since = self.until.get(alias, (now, now))[0]
+        self.until[alias] = (since, now + LONGEST_STEP * random.uniform(0.8, 1.2))
+        return True
+
+    def skip(self, alias: str) -> bool:
+        """Say whether ``alias`` is parked now; one due for a look is looked at (and let go,
+        with a line, if it is back)."""
+        parked = self.until.get(alias)
+        if parked is None:
+            return False
+        since, until = parked
+        if time.monotonic() < until:
+            return True
+        if self.park(alias):
+            return True
+        del self.until[alias]
+        logger.warning("database %s is back after %.0f s", describe(alias), time.monotonic() - since)
+        return False

@@ -29,10 +29,10 @@ from ..health import CleanupWatch
 from ..models import Failure, WorkerProcess
 from ..models.operating import record_throughput
 from ..reaper import format_report, reap
-from . import FailedForGood, Handler, StopNow, get_handlers, inside_user_code
+from . import FailedForGood, Handler, StopNow, get_handlers, inside_user_code, shard_handlers
 from .batches import Batch, Chores, Tally, count, outcome, progress_key
 from .drivers import Driver, TubeDriver, make_driver, tubes_worth_trying
-from .outage import Outages, check_databases, drop_broken_connections, first_line, refuse_unmigrated
+from .outage import Outages, Parked, check_databases, drop_broken_connections, first_line, refuse_unmigrated
 from .stopping import StopEvent
 from .supervisor import STOP_SIGNALS, Supervisor
 
@@ -63,7 +63,10 @@ class Worker:
         schedule: bool = True,
     ) -> None:
         self.identity = identity or f"{socket.gethostname()}:{os.getpid()}:worker"
-        self.drivers: list[Driver] = [make_driver(handler, self.identity) for handler in handlers]
+        # A tube spread over several databases (SHARDS): one driver per shard.
+        self.drivers: list[Driver] = [
+            make_driver(handler, self.identity) for handler in shard_handlers(handlers)
+        ]
         self.burst = burst
         self.tallies = {driver.handler.name: Tally() for driver in self.drivers}
         self.stopping = False
@@ -102,6 +105,8 @@ class Worker:
         self.watch = CleanupWatch()
         # The databases found down: the thread that met the outage says so, the others keep quiet.
         self.outages = Outages()
+        # Serving several databases (shards): those found down wait, the others go on.
+        self.parked = Parked()
 
     # Signals -----------------------------------------------------------------------------
 
@@ -191,8 +196,7 @@ class Worker:
 
     def _prepare(self) -> None:
         """Create what the handlers serve; in a burst, run the schedules' ticks due now."""
-        for driver in self.drivers:
-            driver.prepare()
+        self.parked.prepare(self.drivers)
         if self.ticker is not None:
             self.ticker.prepare()
             if self.burst:
@@ -251,9 +255,24 @@ class Worker:
         for driver in self.drivers:
             if self.stopping:
                 break
+            if self._parked(driver):
+                continue
             if driver in self.prefetched or driver not in skip:
-                worked += self.run_batch(driver, self.prefetched.pop(driver, ()))
+                try:
+                    worked += self.run_batch(driver, self.prefetched.pop(driver, ()))
+                except (DatabaseError, DatabaseBusy):
+                    if not self._park(driver):
+                        raise
         return worked
+
+    def _parked(self, driver: Driver) -> bool:
+        """Say whether ``driver``'s database is a shard found down (its queue waits)."""
+        return not self.parked.ready(driver)
+
+    def _park(self, driver: Driver) -> bool:
+        """After a database error on ``driver``'s database: if this worker serves several and
+        that one cannot be reached, park it (the others go on) and return ``True``."""
+        return len(self._databases()) > 1 and self.parked.park(driver.using)
 
     def _block(self, tubes: list[TubeDriver], errors: int) -> int:
         """Idle, every handler a tube of one database: block until a put wakes them (NOTIFY
@@ -334,7 +353,16 @@ class Worker:
         skip: set[Driver] = set()
         for using in {driver.using for driver in tubes}:
             mine = [driver for driver in tubes if driver.using == using]
-            worth = tubes_worth_trying(mine)
+            if self._parked(mine[0]):
+                skip.update(mine)
+                continue
+            try:
+                worth = tubes_worth_trying(mine)
+            except (DatabaseError, DatabaseBusy):
+                if self._park(mine[0]):
+                    skip.update(mine)
+                    continue
+                raise
             skip.update(driver for driver in mine if not worth.get(driver.tube.pk, True))
         return skip
 
@@ -666,8 +694,15 @@ class Worker:
             (self.unreturned, "give_back", "gave back"),
         ):
             for driver in list(kept):
+                if self._parked(driver):
+                    continue
                 items = kept[driver]
-                getattr(driver, settle)(items)
+                try:
+                    getattr(driver, settle)(items)
+                except (DatabaseError, DatabaseBusy):
+                    if not self._park(driver):
+                        raise
+                    continue
                 with self.inflight_lock:
                     kept.pop(driver, None)
                 logger.info(
@@ -861,7 +896,7 @@ class Worker:
         """Renew the leases of each driver whose beat is ``due``, and beat it."""
         for driver in self.drivers:
             now = time.monotonic()
-            if now < due[driver]:
+            if now < due[driver] or self.parked.quiet(driver):
                 continue
             # Each driver beats at its own pace: a ttr tube's touch increment is its
             # interval, so beating it more often would push its deadline ever further.
@@ -948,7 +983,7 @@ def run_workers(
     if not handlers:
         logger.warning("no handlers registered: nothing to do")
         return 0
-    check_databases(handlers, processes)
+    check_databases(shard_handlers(handlers), processes)
     logger.info(
         "starting %d worker process(es)%s for: %s",
         processes,

@@ -1,0 +1,214 @@
+"""Tubes spread over several databases (shards): more write capacity than one primary gives.
+
+Name a tube's shards in the settings, each an alias of ``DATABASES`` (migrated like any other)::
+
+    TASKLOOP = {"SHARDS": {"emails": ["default", "queue2", "queue3"]}}
+
+A setting per queue, as ``TASKS`` and ``CACHES`` name their backends, rather than a database
+router: a router gives one database per model, and a sharded tube's rows live in several at
+once. Each shard holds a whole tube of that name, with its own tasks, counters and consumers;
+nothing joins two shards, so each commits on its own server and their capacities add up.
+
+- ``shards.tube("emails").put(data, utube="customer-7")`` puts on one shard: by the ``utube``
+  key's hash (so a key's tasks keep their order and run one at a time), else the next shard in
+  turn; a shard that cannot be reached is left out of the turn for a while and the put goes to
+  the next one (a put pinned by its key waits for its shard: the error is raised).
+- ``@tube("emails")`` handlers put through the same door (``emails.put(...)``), and
+  ``manage.py workers`` serves each shard of the tube in turn, settling every task on the
+  shard it came from; a shard that is down waits (its tasks stay there, held by nobody or by
+  leases that run out) while the other shards go on.
+- ``statistics()`` adds up the shards' and lists each under ``"shards"``; ``pause()`` and
+  ``resume()`` act on every shard.
+
+A tube that ``SHARDS`` does not name lives in its one database as before, at no extra cost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import DatabaseError, router
+
+from .conf import setting
+from .engine.reach import unreachable
+from .exceptions import NotFound, TubeError
+from .models import Tube
+
+__all__ = ["ShardedTube", "databases_of", "is_sharded", "open_tube", "pick", "tube"]
+
+#: The workers' logger: open_tube's warning is about what a ``@tube`` handler asked for.
+logger = logging.getLogger("django_taskloop.workers")
+
+#: Seconds a shard that could not be reached stays out of the puts' turn.
+DOWN_FOR = 5.0
+
+_turn = itertools.count()
+_down: dict[str, float] = {}
+_lock = threading.Lock()
+
+
+def databases_of(name: str) -> list[str]:
+    """Return the database aliases tube ``name`` lives in: its ``SHARDS`` entry, else the one
+    database the router gives tubes."""
+    shards = setting("SHARDS").get(name)
+    if shards:
+        return list(shards)
+    return [router.db_for_write(Tube)]
+
+
+def is_sharded(name: str) -> bool:
+    """Say whether ``SHARDS`` spreads tube ``name`` over more than one database."""
+    return len(setting("SHARDS").get(name) or ()) > 1
+
+
+def _key_hash(key: Any) -> int:
+    # crc32 of the key's text: the same shard for a key in every process and every run (the
+    # built-in hash() of a str differs from process to process).
+    return zlib.crc32(str(key).encode())
+
+
+def pick(databases: Sequence[str], key: Any = None) -> str:
+    """Return the shard of ``databases`` a put goes to: the key's, or the next in turn among
+    those not found down in the last :data:`DOWN_FOR` seconds (all of them if every one was)."""
+    if key is not None:
+        return databases[_key_hash(key) % len(databases)]
+    now = time.monotonic()
+    with _lock:
+        up = [alias for alias in databases if _down.get(alias, 0.0) <= now] or list(databases)
+    return up[next(_turn) % len(up)]
+
+
+def mark_down(alias: str) -> None:
+    """Leave shard ``alias`` out of the puts' turn for :data:`DOWN_FOR` seconds."""
+    with _lock:
+        _down[alias] = time.monotonic() + DOWN_FOR
+
+
+class ShardedTube:
+    """A tube over its shards (:func:`tube`): put, put_many, statistics, pause and resume. The
+    consumer verbs belong to each shard's :class:`~django_taskloop.models.Tube`
+    (:meth:`shard`), as the tasks they name do."""
+
+    def __init__(self, name: str, databases: Sequence[str], create: dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.databases = list(databases)
+        self.create = dict(create or {})
+        self._tubes: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"<ShardedTube {self.name!r} over {', '.join(self.databases)}>"
+
+    def shard(self, alias: str) -> Any:
+        """Return the :class:`~django_taskloop.models.Tube` of shard ``alias`` (made there, with
+        the options given to :func:`tube`, if need be)."""
+        if alias not in self.databases:
+            raise ValueError(f"{alias!r} is not a shard of tube {self.name!r}: {', '.join(self.databases)}")
+        found = self._tubes.get(alias)
+        if found is None:
+            found = self._tubes[alias] = open_tube(self.name, self.create, using=alias)
+        return found
+
+    def _on_some_shard(self, key: Any, verb: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``verb`` on the tube of the shard a put goes to; a shard that cannot be reached
+        is marked down and, unless ``key`` pins the put to it, the next shard is tried."""
+        tried: list[str] = []
+        while True:
+            alias = pick([a for a in self.databases if a not in tried] or self.databases, key)
+            try:
+                try:
+                    return getattr(self.shard(alias), verb)(*args, **kwargs)
+                except NotFound:  # dropped since: made again, once
+                    self._tubes.pop(alias, None)
+                    return getattr(self.shard(alias), verb)(*args, **kwargs)
+            except DatabaseError:
+                if key is not None or unreachable(alias) is None:
+                    raise
+                mark_down(alias)
+                tried.append(alias)
+                if len(tried) == len(self.databases):
+                    raise
+
+    def put(self, data: Any, **options: Any) -> Any:
+        """Put a task on one shard (``Tube.put``'s options): the ``utube`` key's, else the next
+        in turn. Returns the task; ``task._state.db`` names its shard."""
+        return self._on_some_shard(options.get("utube"), "put", data, **options)
+
+    def put_many(self, items: Iterable[Any], **options: Any) -> Any:
+        """Put one task per item (``Tube.put_many``): all on the ``utube`` key's shard, else
+        spread over the shards in turn, one ``put_many`` per shard. Returns the tasks."""
+        items = list(items)
+        key = options.get("utube")
+        if key is not None or len(self.databases) == 1:
+            return self._on_some_shard(key, "put_many", items, **options)
+        parts = len(self.databases)
+        put: list[Any] = []
+        for part in range(parts):
+            chunk = items[part::parts]
+            if chunk:
+                put.extend(self._on_some_shard(None, "put_many", chunk, **options) or ())
+        return put
+
+    def statistics(self, **options: Any) -> dict[str, Any]:
+        """Return ``Tube.statistics()`` added up over the shards, with each shard's own under
+        ``"shards"`` (by alias)."""
+        per_shard = {alias: self.shard(alias).statistics(**options) for alias in self.databases}
+        total: dict[str, Any] = {}
+        for stats in per_shard.values():
+            for group, counts in stats.items():
+                into = total.setdefault(group, {})
+                for name, n in counts.items():
+                    into[name] = into.get(name, 0) + n
+        return {**total, "shards": per_shard}
+
+    def pause(self) -> None:
+        """Pause the tube on every shard (``Tube.pause``)."""
+        for alias in self.databases:
+            self.shard(alias).pause()
+
+    def resume(self) -> None:
+        """Resume the tube on every shard (``Tube.resume``)."""
+        for alias in self.databases:
+            self.shard(alias).resume()
+
+    @property
+    def paused(self) -> bool:
+        """Whether the tube is paused on every shard."""
+        return all(self.shard(alias).paused for alias in self.databases)
+
+
+def tube(name: str, **create: Any) -> ShardedTube:
+    """Return tube ``name`` over the databases ``SHARDS`` names for it (its one database if
+    none); ``create``: ``create_tube``'s options, for the shards where it does not exist yet."""
+    return ShardedTube(name, databases_of(name), create or {"type": "fifottl"})
+
+
+def open_tube(name: str, options: dict[str, Any], using: str | None = None) -> Any:
+    """Return tube ``name`` (on database ``using``; default: the router's), made with
+    ``options`` (``create_tube``'s) if it does not exist.
+
+    A tube that exists with other options stays as it is, with a warning that names both (the
+    tasks in it were put under its options): ``create_tube`` warns of other ttl/ttr/pri, and
+    another type, which it refuses, is warned of here.
+    """
+    tubes = Tube.objects.db_manager(using) if using is not None else Tube.objects
+    try:
+        return tubes.create_tube(name, if_not_exists=True, **options)
+    except TubeError:
+        existing = tubes.filter(name=name).first()
+        if existing is None:
+            raise
+    differ = {key: value for key, value in options.items() if getattr(existing, key) != value}
+    logger.warning(
+        "tube %r exists with %s; @tube asked for %s: the stored tube stays (drop and re-create "
+        "it, or change the code to match)",
+        name,
+        ", ".join(f"{key} {getattr(existing, key)!r}" for key in differ),
+        ", ".join(f"{key}={value!r}" for key, value in differ.items()),
+    )
+    return existing

@@ -1,0 +1,159 @@
+"""Tubes spread over several databases (issue 31, part 1): ``TASKLOOP["SHARDS"]``,
+``shards.tube()``, ``@tube`` handlers and the workers, on the suite's two database aliases
+(``default`` and ``other``: two databases of the server under test, or two SQLite files).
+What a shard's server dying does mid-drain is in tests/reliability/test_shards.py."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.checks import run_checks
+from django.db import DatabaseError, connections
+
+from django_taskloop import shards
+from django_taskloop.models import Task, Tube
+from django_taskloop.workers import Handler, shard_handlers
+from django_taskloop.workers.runner import Worker
+
+pytestmark = pytest.mark.django_db(databases=["default", "other"], transaction=True)
+
+BOTH = ["default", "other"]
+UTUBE = {"type": "utubettl"}
+
+
+@pytest.fixture
+def sharded(settings: Any) -> shards.ShardedTube:
+    settings.TASKLOOP = {"SHARDS": {"s-tube": BOTH}}
+    return shards.tube("s-tube", type="utubettl")
+
+
+def on(alias: str) -> Any:
+    return Task.objects.using(alias).filter(tube__name="s-tube")
+
+
+@contextlib.contextmanager
+def unreachable(alias: str) -> Iterator[None]:
+    """Make database ``alias`` unreachable (a closed port, a file in no directory) until the
+    block ends."""
+    connection = connections[alias]
+    saved = dict(connection.settings_dict)
+    connection.close()
+    if connection.vendor == "sqlite":
+        connection.settings_dict["NAME"] = "/nonexistent/taskloop/unreachable.sqlite3"
+    else:
+        connection.settings_dict.update(HOST="127.0.0.1", PORT="1")
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
+
+
+def test_a_keyed_put_goes_to_its_keys_shard_in_order(sharded):
+    keys = [f"customer-{n}" for n in range(12)]
+    for round_ in range(3):
+        for key in keys:
+            task = sharded.put({"key": key, "n": round_}, utube=key)
+            assert task._state.db == shards.pick(BOTH, key)  # the same shard every time
+    for key in keys:
+        shard = on(shards.pick(BOTH, key)).filter(utube=key)
+        assert [task.data["n"] for task in shard.order_by("id")] == [0, 1, 2]
+    # Twelve keys land on both shards (crc32 spreads them), each key on one only.
+    assert {shards.pick(BOTH, key) for key in keys} == set(BOTH)
+    assert on("default").count() + on("other").count() == 36
+
+
+def test_puts_without_a_key_are_spread_evenly(sharded):
+    tasks = [sharded.put({"n": n}) for n in range(10)]
+    assert Counter(task._state.db for task in tasks) == {"default": 5, "other": 5}
+    put = sharded.put_many([{"n": n} for n in range(10)])
+    assert len(put) == 10
+    assert on("default").count() == on("other").count() == 10
+
+
+def test_statistics_add_up_the_shards_and_pause_acts_on_all(sharded):
+    sharded.put_many([{"n": n} for n in range(6)])
+    sharded.shard("other").take(consumer="me")
+    stats = sharded.statistics()
+    assert stats["tasks"]["total"] == 6 and stats["tasks"]["taken"] == 1
+    assert stats["shards"]["default"]["tasks"]["ready"] == 3
+    assert stats["shards"]["other"]["tasks"]["ready"] == 2
+    assert stats["calls"]["put"] == 6
+    sharded.pause()
+    assert sharded.paused and all(sharded.shard(alias).paused for alias in BOTH)
+    assert sharded.shard("default").take(consumer="me") is None
+    sharded.resume()
+    assert not sharded.paused and sharded.shard("default").take(consumer="me") is not None
+
+
+def test_a_worker_drains_every_shard_and_settles_each_task_on_its_own(sharded):
+    sharded.put_many([{"n": n} for n in range(20)])
+    ran: list[tuple[str, int]] = []
+    handler = Handler(
+        "tube", "s-tube", lambda task: ran.append((task._state.db, task.data["n"])), "s-tube", create=UTUBE
+    )
+    assert [h.database for h in shard_handlers([handler])] == BOTH
+    assert Worker([handler], burst=True, schedule=False).run() == 0
+    assert sorted(n for _, n in ran) == list(range(20))
+    assert Counter(alias for alias, _ in ran) == {"default": 10, "other": 10}
+    for alias in BOTH:
+        assert not on(alias).exists()  # acknowledged (deleted) where it was
+        assert sharded.shard(alias).statistics()["tasks"]["done"] == 10
+
+
+def test_a_tube_handlers_put_goes_through_the_shards(settings):
+    settings.TASKLOOP = {"SHARDS": {"s-tube": BOTH}}
+    handler = Handler("tube", "s-tube", print, "s-tube", create={"type": "fifottl"})
+    tasks = [handler.put({"n": n}) for n in range(4)]
+    assert Counter(task._state.db for task in tasks) == {"default": 2, "other": 2}
+    assert len(handler.put_many([{"n": n} for n in range(4)])) == 4
+
+
+def test_a_shard_that_is_down_takes_no_puts_and_stops_no_other(sharded, caplog):
+    sharded.put_many([{"n": n} for n in range(4)])  # two on each shard
+    key_on_other = next(f"k{n}" for n in range(100) if shards.pick(BOTH, f"k{n}") == "other")
+    ran: list[int] = []
+    handler = Handler("tube", "s-tube", lambda task: ran.append(task.data["n"]), "s-tube", create=UTUBE)
+    with unreachable("other"):
+        # Unpinned puts go to the shard that is up; a put its key pins to the down one fails.
+        assert {sharded.put({"n": n})._state.db for n in range(4, 8)} == {"default"}
+        with pytest.raises(DatabaseError):
+            sharded.put({"n": 99}, utube=key_on_other)
+        with caplog.at_level(logging.WARNING, logger="django_taskloop.workers"):
+            assert Worker([handler], burst=True, schedule=False).run() == 0
+    assert sorted(ran) == [0, 2, 4, 5, 6, 7]  # default's; other's two wait for it
+    assert "is unreachable" in caplog.text and "the others go on" in caplog.text
+    assert on("other").count() == 2
+    assert Worker([handler], burst=True, schedule=False).run() == 0  # back: its tasks run
+    assert sorted(ran) == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert not on("default").exists() and not on("other").exists()
+
+
+def test_one_database_stays_one_tube(settings):
+    settings.TASKLOOP = {}
+    plain = shards.tube("s-plain")
+    assert plain.databases == ["default"] and not shards.is_sharded("s-plain")
+    handler = Handler("tube", "s-plain", print, "s-plain", create=UTUBE)
+    assert shard_handlers([handler]) == [handler]
+    assert isinstance(handler.get_tube(), Tube)
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ({"s": ["default", "nowhere"]}, "'nowhere', which is not in DATABASES"),
+        ({"s": []}, "non-empty list"),
+        ({"s": ["default", "default"]}, "names a database twice"),
+        (["default"], "must be a dict"),
+    ],
+)
+def test_bad_shards_are_a_system_check_error(settings, value, message):
+    settings.TASKLOOP = {"SHARDS": value}
+    errors = [error for error in run_checks() if error.id == "taskloop.E020"]
+    assert len(errors) == 1 and message in errors[0].msg, errors
