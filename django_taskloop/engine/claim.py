@@ -155,10 +155,10 @@ def _claim_through_orm(
     # holding some of them does not leave us empty-handed.
     try:
         candidates = list(base.values_list("pk", flat=True)[: limit * overfetch])
-    except DatabaseError:
+    except DatabaseError as error:
         # The first query after the server restarted is the one that fails: leave a fresh
         # connection for the next call rather than a dead one.
-        discard_if_broken(using)
+        discard_if_broken(using, error)
         raise
     if not candidates:
         return []

@@ -17,7 +17,7 @@ from django.db.models import Model
 from ..conf import setting
 from ..exceptions import DatabaseBusy, TaskloopError
 from . import compiler
-from .vendor import features, is_retryable, take_write_lock, writers_in_turn
+from .vendor import features, is_connection_lost, is_retryable, take_write_lock, writers_in_turn
 
 T = TypeVar("T")
 
@@ -126,7 +126,7 @@ def _give_up_unless_retryable(
     error = raised.__cause__ if isinstance(raised, DatabaseBusy) else raised
     if not isinstance(error, DatabaseError) or not is_retryable(error, using):
         if outermost:
-            discard_if_broken(using)
+            discard_if_broken(using, error)
         raise raised
     if not outermost:
         if isinstance(raised, DatabaseBusy):
@@ -157,8 +157,9 @@ def _in_callers_transaction(using: str, error: DatabaseError) -> str:
     return message
 
 
-def discard_if_broken(using: str) -> None:
-    """Close the connection ``using`` if an error left it unusable (the server went away).
+def discard_if_broken(using: str, error: BaseException | None = None) -> None:
+    """Close the connection ``using`` if an error (``error``, when known) left it unusable:
+    the server went away, or it is a Galera node that is not ready (error 1047).
 
     Django drops such connections between requests; a worker or a script that keeps calling
     verbs would otherwise get "server has gone away" from every later call. Closing it lets the
@@ -166,7 +167,7 @@ def discard_if_broken(using: str) -> None:
     """
     connection = connections[using]
     if connection.connection is not None and connection.errors_occurred and not connection.in_atomic_block:
-        if not connection.is_usable():
+        if (error is not None and is_connection_lost(error, using)) or not connection.is_usable():
             connection.close()
 
 

@@ -308,6 +308,48 @@ def is_retryable(error: BaseException, using: str) -> bool:
     return False
 
 
+#: MySQL/MariaDB errors after which the connection is no use: 2006 (server has gone away),
+#: 2013 (lost connection during query), and 1047, a Galera node that is not ready (out of the
+#: primary component, or joining): it refuses every statement that reads a table, yet its
+#: connections still answer a ping, so Django's ``is_usable()`` keeps them.
+_MYSQL_CONNECTION_LOST = (1047, 2006, 2013)
+
+
+def is_connection_lost(error: BaseException, using: str) -> bool:
+    """Say whether ``error`` means the connection cannot serve anything more (the server went
+    away, or cannot serve now): drop it, so that the next call connects again — through a
+    proxy, perhaps to another server. A ping says so for most such errors; not for these."""
+    if connections[using].vendor == "mysql":
+        return bool(error.args) and error.args[0] in _MYSQL_CONNECTION_LOST
+    return False
+
+
+def node_share(using: str) -> tuple[int, int]:
+    """Return ``(index, count)``: which of ``count`` shares of the writers the server behind
+    ``using``'s connection is, so that rows every process updates (counter slots, throughput
+    minutes) can be picked per server and two servers never write the same row.
+
+    A Galera node's share is its ``auto_increment_offset`` among ``auto_increment_increment``
+    (``wsrep_auto_increment_control`` sets them per node, the cluster's size apart), read once
+    per connection; a lone server (and every other database) is ``(0, 1)``. Two nodes writing
+    the same row conflict at certification (error 1213 at COMMIT): retried, yet wasted work.
+    """
+    connection = connections[using]
+    if connection.vendor != "mysql":
+        return 0, 1
+    connection.ensure_connection()
+    raw = connection.connection
+    known = getattr(connection, "_taskloop_node_share", None)
+    if known is None or known[0] is not raw:
+        offset, increment = compiler.send(
+            connection, "SELECT @@auto_increment_offset, @@auto_increment_increment", [], "one"
+        )
+        count = max(1, int(increment))
+        known = (raw, (int(offset) - 1) % count, count)
+        connection._taskloop_node_share = known  # type: ignore[attr-defined]  # our own slot on the wrapper
+    return known[1], known[2]
+
+
 def notifying(sql: str, params: Any, channel: str) -> tuple[str, list[Any]]:
     """Wrap a data-changing statement with ``RETURNING`` so that it also sends a PostgreSQL
     ``NOTIFY`` on ``channel`` (once, at its commit): one round trip for both."""

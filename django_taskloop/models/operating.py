@@ -251,6 +251,8 @@ class Throughput(models.Model):
     kind = models.CharField(max_length=4, choices=[(k, k) for k in KINDS])
     queue = models.CharField(max_length=_QUEUE_LENGTH)
     minute = models.DateTimeField(null=True, blank=True)
+    #: The writers' share (``engine.node_share``): each Galera node adds to rows of its own.
+    node = models.PositiveSmallIntegerField(default=0)
     done = models.BigIntegerField(default=0)
     failed = models.BigIntegerField(default=0)
     given_back = models.BigIntegerField(default=0)
@@ -259,7 +261,9 @@ class Throughput(models.Model):
         app_label = "django_taskloop"
         db_table = "taskloop_throughput"
         constraints = [
-            models.UniqueConstraint(fields=["kind", "queue", "minute"], name="taskloop_throughput_uniq")
+            models.UniqueConstraint(
+                fields=["kind", "queue", "minute", "node"], name="taskloop_throughput_uniq"
+            )
         ]
         indexes = [models.Index(fields=["minute"], name="taskloop_throughput_minute")]
 
@@ -275,22 +279,31 @@ def _minute(using: str) -> Any:
 def record_throughput(
     kind: str, queue: str, *, done: int = 0, failed: int = 0, given_back: int = 0, using: str = "default"
 ) -> None:
-    """Add what a worker just settled to this minute's row of ``queue`` (one per batch)."""
+    """Add what a worker just settled to this minute's row of ``queue`` (one per batch): the
+    row of the server's share (``engine.node_share``), so that Galera nodes never update the
+    same row."""
     kind = _check_kind(kind)
     if not (done or failed or given_back):
         return
     minute = _minute(using)
+    node = engine.node_share(using)[0]
     rows = Throughput.objects.using(using)
 
     def work() -> None:
-        updated = rows.filter(kind=kind, queue=queue, minute=minute).update(
+        updated = rows.filter(kind=kind, queue=queue, minute=minute, node=node).update(
             done=models.F("done") + done,
             failed=models.F("failed") + failed,
             given_back=models.F("given_back") + given_back,
         )
         if not updated:
             rows.create(
-                kind=kind, queue=queue, minute=minute, done=done, failed=failed, given_back=given_back
+                kind=kind,
+                queue=queue,
+                minute=minute,
+                node=node,
+                done=done,
+                failed=failed,
+                given_back=given_back,
             )
 
     try:

@@ -123,7 +123,7 @@ class TubeBase(models.Model):
         deltas = {_COLUMN.get(k, k): n for k, n in deltas.items() if n}
         if not deltas:
             return
-        slot = {"tube_id": self.pk, "slot": _slot()}
+        slot = {"tube_id": self.pk, "slot": _slot(self._using)}
         if engine.add_to(TubeStat, self._using, slot, deltas):
             return
         # No slot rows: the tube was dropped, or made without create_tube (admin, fixtures).

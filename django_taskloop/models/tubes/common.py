@@ -72,8 +72,16 @@ def default_consumer() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
 
 
-def _slot() -> int:
-    return zlib.crc32(f"{os.getpid()}:{threading.get_ident()}".encode()) % SLOTS
+def _slot(using: str = "default") -> int:
+    """This process's and thread's counter row of a tube on database ``using``.
+
+    One of the slots of the server's share (``engine.node_share``): on a Galera cluster each
+    node's processes update slots of their own, so that two nodes never write the same
+    counter row (a conflict at certification); within a share, by host, pid and thread."""
+    index, count = engine.node_share(using)
+    mine = range(index % SLOTS, SLOTS, count if count <= SLOTS else SLOTS)  # (more nodes than slots: one)
+    who = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    return mine[zlib.crc32(who.encode()) % len(mine)]
 
 
 # -- database clock arithmetic -------------------------------------------------------------

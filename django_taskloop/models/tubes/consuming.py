@@ -335,7 +335,7 @@ class TubeConsuming(TubeBase):
             ack,
             where=lambda: self._held(consumer),
             delete_key=self._kept_key("held", consumer),
-            counters=(TubeStat, {"tube_id": self.pk, "slot": _slot()}, _BATCH_COUNTERS),
+            counters=(TubeStat, {"tube_id": self.pk, "slot": _slot(self._using)}, _BATCH_COUNTERS),
         )
         if together is None:
             return None
