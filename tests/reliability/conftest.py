@@ -37,7 +37,7 @@ _N = int(hashlib.sha1(SUFFIX.encode()).hexdigest(), 16) % 200 + 20
 BASE = Path(tempfile.gettempdir()) / f"taskloop_reliab_{SUFFIX}"
 #: The fixtures that start servers or change the network; tests that use them run only when
 #: asked (TASKLOOP_START_SERVERS=1, as .ci/run does), see tests/conftest.py.
-SERVER_FIXTURES = {"bridge", "netns_hosts", "mariadb_server", "postgres_server", "throwaway"}
+SERVER_FIXTURES = {"bridge", "netns_hosts", "mariadb_server", "postgres_server", "throwaway", "galera"}
 SUBNET = f"10.231.{_N}"
 BRIDGE_ADDRESS = f"{SUBNET}.1"
 DB_NAME = "taskloop_reliab"
@@ -78,6 +78,8 @@ class Server:
     listen: list[str]
     process: subprocess.Popen | None = None
     running: bool = False
+    #: More ``mariadbd`` options (a Galera node's ``--wsrep-…``), after the ones every server gets.
+    options: list[str] = field(default_factory=list)
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -192,6 +194,7 @@ class Server:
                 "--character-set-server=utf8mb4",
                 "--collation-server=utf8mb4_unicode_ci",
                 f"--log-error={self.log}",
+                *self.options,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
