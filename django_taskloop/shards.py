@@ -63,8 +63,8 @@ def databases_of(name: str) -> list[str]:
 
 
 def is_sharded(name: str) -> bool:
-    """Say whether ``SHARDS`` spreads tube ``name`` over more than one database."""
-    return len(setting("SHARDS").get(name) or ()) > 1
+    """Say whether ``SHARDS`` names tube ``name`` (one database, or several)."""
+    return bool(setting("SHARDS").get(name))
 
 
 def _key_hash(key: Any) -> int:

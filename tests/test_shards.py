@@ -92,14 +92,18 @@ def test_statistics_add_up_the_shards_and_pause_acts_on_all(sharded):
     assert not sharded.paused and sharded.shard("default").take(consumer="me") is not None
 
 
-def test_a_worker_drains_every_shard_and_settles_each_task_on_its_own(sharded):
+def test_a_worker_drains_every_shard_and_settles_each_task_on_its_own(sharded, caplog):
     sharded.put_many([{"n": n} for n in range(20)])
     ran: list[tuple[str, int]] = []
     handler = Handler(
         "tube", "s-tube", lambda task: ran.append((task._state.db, task.data["n"])), "s-tube", create=UTUBE
     )
     assert [h.database for h in shard_handlers([handler])] == BOTH
-    assert Worker([handler], burst=True, schedule=False).run() == 0
+    with caplog.at_level(logging.INFO, logger="django_taskloop.workers"):
+        assert Worker([handler], burst=True, schedule=False).run() == 0
+    # One summary line for the tube, counting each task once (not once per shard).
+    summaries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("summary")]
+    assert len(summaries) == 1 and summaries[0].startswith("summary s-tube: 20 done"), summaries
     assert sorted(n for _, n in ran) == list(range(20))
     assert Counter(alias for alias, _ in ran) == {"default": 10, "other": 10}
     for alias in BOTH:

@@ -197,8 +197,8 @@ def _register(handler: Handler) -> Handler:
 
 
 def shard_handlers(handlers: Iterable[Handler]) -> list[Handler]:
-    """Return ``handlers`` with each tube handler of a tube that ``SHARDS`` spreads over
-    several databases made one handler per shard (:attr:`Handler.database`)."""
+    """Return ``handlers`` with each tube handler of a tube that ``SHARDS`` names made one
+    handler per shard (:attr:`Handler.database`)."""
     out: list[Handler] = []
     for handler in handlers:
         if handler.kind != "tube" or handler.database is not None or not is_sharded(handler.target):

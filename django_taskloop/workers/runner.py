@@ -932,9 +932,12 @@ class Worker:
     def log_summary(self, elapsed: float) -> None:
         """Log one line per queue: a Django Tasks queue's plain and keyed handlers are one."""
         merged: dict[str, Tally] = {}
-        for driver in self.drivers:
-            tally = self.tallies[driver.handler.name]
-            into = merged.setdefault(driver.handler.title, Tally())
+        # Once per handler name: the shards of one tube share their tally.
+        for name, title in dict.fromkeys(
+            (driver.handler.name, driver.handler.title) for driver in self.drivers
+        ):
+            tally = self.tallies[name]
+            into = merged.setdefault(title, Tally())
             for field in ("batches", "done", "failed", "given_back", "seconds"):
                 setattr(into, field, getattr(into, field) + getattr(tally, field))
         for title, tally in merged.items():

@@ -33,3 +33,9 @@ def board_job(job: Any) -> None:
 @loop(WorkerLoop, batch=20, lock_for=LEASE, name="r-loop")
 def loop_id(item_id: int) -> None:
     _log("r-loop", item_id)
+
+
+@tube("r-shards", batch=50, type="utubettl", ttr=LEASE)
+def shard_task(task: Any) -> None:
+    # Over several databases in tests/reliability/test_shards.py (shard_settings).
+    _log("r-shards", f"{task.data['key']}:{task.data['seq']}")
