@@ -28,7 +28,7 @@ from django.db import IntegrityError, connections, router, transaction
 from django.db.models import Manager, Q
 from django.utils.module_loading import import_string
 
-from . import engine
+from . import engine, shards
 from .compat import (
     TASKS_AVAILABLE,
     BaseTaskBackend,
@@ -107,8 +107,7 @@ if TASKS_AVAILABLE:
         task_class = TaskloopTask
 
         def _refuse_if_not_installed(self) -> None:
-            # Django 6 runs backend checks only once django.tasks is imported: fail clearly at
-            # use too, rather than deep inside a query on a table that does not exist.
+            # Django 6 checks backends only once django.tasks is imported: fail clearly at use too.
             if (error := self._not_installed()) is not None:
                 raise ImproperlyConfigured(f"{error.msg} {error.hint}")
 
@@ -124,10 +123,23 @@ if TASKS_AVAILABLE:
             )
 
         def check(self, **kwargs: Any) -> Any:
-            """taskloop.E003: the backend's models and workers need ``django_taskloop`` installed."""
+            """taskloop.E003: the backend's models and workers need ``django_taskloop`` installed;
+            taskloop.E004: ``OPTIONS["DATABASES"]`` names the shards, aliases of ``DATABASES``."""
             yield from super().check(**kwargs)
             if (error := self._not_installed()) is not None:
                 yield error
+            try:
+                _ = self.databases
+            except (TypeError, ValueError) as problem:
+                yield checks.Error(f"TASKS[{self.alias!r}]: {problem}", id="taskloop.E004")
+
+        @property
+        def databases(self) -> list[str] | None:
+            """The shards of this backend's queues (``OPTIONS["DATABASES"]``), or ``None``."""
+            return shards.backend_databases(self.options.get("DATABASES"))
+
+        def _db(self, result_id: Any) -> str:  # the shard that holds it (its id says which)
+            return shards.database_of(self.databases, TaskRecord, result_id)
 
         def validate_task(self, task: Any) -> None:
             super().validate_task(task)
@@ -158,22 +170,24 @@ if TASKS_AVAILABLE:
             """
             self._refuse_if_not_installed()
             self.validate_task(task)
-            using = router.db_for_write(TaskRecord)
             call: dict[str, Any] = {
                 "task": task.module_path,
                 "args": normalize_json(list(args)),
                 "kwargs": normalize_json(dict(kwargs)),
-                "id": secrets.token_hex(6),
                 "backend": self.alias,
                 "queue": task.queue_name,
             }
+            # Sharded: the key's shard (a key's tasks in order, one at a time), a unique task's
+            # by its call (its twin is there), else the next in turn; the id says which.
+            using, mark = shards.shard_for(self.databases, TaskRecord, shards.call_key(task, call))
+            call["id"] = secrets.token_hex(6) + mark
             if task.run_after is not None:
                 call["run_after"] = task.run_after.isoformat()
             if task.takes_context:
                 call["context"] = True
             key = None
             if _has_options(task):
-                if task.unique or (task.enqueue_on_commit and connections[using].in_atomic_block):
+                if task.unique or (task.enqueue_on_commit and shards.in_transaction(using, TaskRecord)):
                     return self._enqueue_with_options(task, using, call)
                 key, options = _call_options(task, call["args"], call["kwargs"])
                 if options:
@@ -233,6 +247,9 @@ if TASKS_AVAILABLE:
             """
             key, options = _call_options(task, call["args"], call["kwargs"])
             record = _record_of(call, options, task.priority)
+            _, mark, place = call["id"].rpartition("@")
+            if mark:  # sharded: 96 random bits and the shard's mark fit the id's 32 characters
+                record.id = f"{secrets.token_hex(12)}@{place}"
             data: dict[str, Any] = {"result": record.id, "task": call["task"]}
             if options:
                 data["options"] = options
@@ -243,11 +260,13 @@ if TASKS_AVAILABLE:
                 record.enqueued_at = engine.DbNow()
                 return self._insert_with_options(record, task, using, data, key, unique_on)
 
-            if task.enqueue_on_commit and connections[using].in_atomic_block:
-                # The record's id is known now; the rows are written when the caller commits.
+            if task.enqueue_on_commit and shards.in_transaction(using, TaskRecord):
+                # The record's id is known now; the rows are written when the caller commits
+                # (the caller's database: a shard's transaction is not the caller's).
                 record.enqueued_at = None
                 result = self._to_result(record, task)
-                transaction.on_commit(enqueue_now, using=using)
+                home = using if connections[using].in_atomic_block else router.db_for_write(TaskRecord)
+                transaction.on_commit(enqueue_now, using=home)
                 return result
             return enqueue_now()
 
@@ -332,9 +351,8 @@ if TASKS_AVAILABLE:
             return self._to_result(record, expired=expired)
 
         def _record(self, result_id: Any) -> TaskRecord | None:
-            """Return the record of ``result_id``; a task no worker has started yet reads from
-            its tube task (an unsaved record), None if there is neither."""
-            records = TaskRecord.objects.filter(backend=self.alias)
+            """Return ``result_id``'s record; one no worker started yet is read off its tube task."""
+            records = TaskRecord.objects.using(self._db(result_id)).filter(backend=self.alias)
             try:
                 record = records.filter(pk=result_id).first()
             except (ValueError, TypeError):
@@ -348,7 +366,7 @@ if TASKS_AVAILABLE:
 
         def _waiting_record(self, result_id: str) -> TaskRecord | None:
             """The record of a one-row enqueue that no worker has started, read off its tube task."""
-            using = router.db_for_read(TaskRecord)
+            using = self._db(result_id)
             queued = _carrier(result_id, using)
             call: Any = queued.data if queued is not None else None
             if queued is None or call.get("backend") != self.alias:
@@ -409,7 +427,7 @@ if TASKS_AVAILABLE:
             attempt); one with a ``ttl`` that was not started in time ends FAILED with
             :class:`~django_taskloop.exceptions.TaskExpired` and is never called.
             """
-            using = router.db_for_write(TaskRecord)
+            using = queued._state.db if queued is not None else self._db(result_id)
             manager = TaskRecord.objects.db_manager(using)
             if queued is None:
                 # Called with the result id alone: a task no worker has started is read off
@@ -597,7 +615,7 @@ if TASKS_AVAILABLE:
             ``TaskResultDoesNotExist`` for an unknown id and ``ValueError`` if the task is not
             FAILED or its path no longer names a Task.
             """
-            using = router.db_for_write(TaskRecord)
+            using = self._db(result_id)
             manager = TaskRecord.objects.db_manager(using)
 
             def work() -> Any:
@@ -899,6 +917,7 @@ def task_handlers() -> list[Handler]:
                         create={"type": kind},
                         builtin=True,
                         queue=queue,
+                        shards=tuple(backend.databases or ()),
                     )
                 )
     return handlers
@@ -913,7 +932,12 @@ def _run_stored(task: TubeTask) -> None:
         return
     alias = data.get("backend")
     if "result" in data:  # the record was written first: it names the backend
-        alias = TaskRecord.objects.filter(pk=result_id).values_list("backend", flat=True).first()
+        alias = (
+            TaskRecord.objects.using(task._state.db)
+            .filter(pk=result_id)
+            .values_list("backend", flat=True)
+            .first()
+        )
         if alias is None:
             logger.warning("Django task %s has no record any more: dropped", result_id)
             return
@@ -952,9 +976,8 @@ def waiting_results(
 
 
 def short_result_id(result_id: str) -> str:
-    """Return ``result_id`` shortened for lists and log lines: ``"4017-9f2c"`` of a one-row
-    enqueue's ``"4017-9f2c1a0b3c4d"`` (its tube task id and the secret's first 4 digits), the
-    first 8 digits of a 32-digit id."""
+    """Return ``result_id`` shortened for lists and logs: ``"4017-9f2c"`` of ``"4017-9f2c1a0b3c4d"``
+    (a one-row enqueue's tube task id, the secret's first 4 digits), else its first 8 digits."""
     pk, dash, secret = result_id.partition("-")
     return f"{pk}-{secret[:4]}" if dash else result_id[:8]
 

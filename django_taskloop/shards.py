@@ -26,6 +26,7 @@ A tube that ``SHARDS`` does not name lives in its one database as before, at no 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import threading
 import time
@@ -33,12 +34,13 @@ import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import DatabaseError, router
+from django.db import DatabaseError, connections, router
 
 from .conf import setting
 from .engine.reach import unreachable
 from .exceptions import NotFound, TubeError
 from .models import Tube
+from .task_options import TaskloopTask, task_key
 
 __all__ = ["ShardedTube", "databases_of", "is_sharded", "open_tube", "pick", "tube"]
 
@@ -212,3 +214,60 @@ def open_tube(name: str, options: dict[str, Any], using: str | None = None) -> A
         ", ".join(f"{key}={value!r}" for key, value in differ.items()),
     )
     return existing
+
+
+# A Django Tasks backend's queues over its OPTIONS["DATABASES"] (django_taskloop.backends). ------
+
+
+def backend_databases(given: Any) -> list[str] | None:
+    """Return a backend's ``OPTIONS["DATABASES"]`` checked (aliases of ``DATABASES``, none twice),
+    or ``None`` when not given (one database: the router's). Raises ``TypeError``/``ValueError``
+    (the backend's system check ``taskloop.E004`` says which)."""
+    if given is None:
+        return None
+    where = 'OPTIONS["DATABASES"]'
+    if not isinstance(given, (list, tuple)) or not given or not all(isinstance(a, str) for a in given):
+        raise TypeError(f"{where} must be a non-empty list of DATABASES aliases, not {given!r}")
+    unknown = [alias for alias in given if alias not in connections.settings]
+    if unknown:
+        raise ValueError(f"{where} names {unknown[0]!r}, not in DATABASES")
+    if len(set(given)) != len(given):
+        raise ValueError(f"{where} names a database twice")
+    return list(given)
+
+
+def shard_for(databases: list[str] | None, model: Any, key: Any) -> tuple[str, str]:
+    """Return the database an enqueue writes to and the mark its result id carries: ``"@<n>"``,
+    the shard's place in ``databases`` (append shards, never reorder them: ids name places);
+    ``""`` unsharded (the router's database for ``model``)."""
+    if databases is None:
+        return router.db_for_write(model), ""
+    alias = pick(databases, key)
+    return alias, f"@{databases.index(alias)}"
+
+
+def database_of(databases: list[str] | None, model: Any, result_id: Any) -> str:
+    """Return the database that holds ``result_id`` (its ``"@<n>"`` mark names the shard)."""
+    _, mark, place = str(result_id).rpartition("@")
+    if databases is not None and mark and place.isdigit() and int(place) < len(databases):
+        return databases[int(place)]
+    return router.db_for_read(model) if databases is None else databases[0]
+
+
+def in_transaction(using: str, model: Any) -> bool:
+    """Say whether the caller is inside a transaction: on ``using``, or (a shard) on the
+    database the router gives ``model``, where the caller's own writes go."""
+    return connections[using].in_atomic_block or connections[router.db_for_write(model)].in_atomic_block
+
+
+def call_key(task: Any, call: dict[str, Any]) -> str | None:
+    """What pins a Django Task's call to one shard: its ``key``, or a ``unique`` task's call
+    itself (its waiting twin must be on the same shard); ``None``: any shard."""
+    if not isinstance(task, TaskloopTask):
+        return None
+    key = task_key(task, call["args"], call["kwargs"])
+    if key is not None:
+        return key
+    if task.unique:
+        return json.dumps([call["task"], call["args"], call["kwargs"]], sort_keys=True)
+    return None

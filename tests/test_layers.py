@@ -208,6 +208,8 @@ LAZY_IMPORTS = {
     ("workers", "models"): "loop()'s model check: workers.runtime (imported by task_options, "
     "at import of any tasks module) runs this package's __init__, which must not need the "
     "app registry",
+    ("workers", "shards"): "a @tube handler's put and the worker's shards: shards imports the "
+    "models, which this package's __init__ must not need (as above)",
     ("apps", "checks"): "AppConfig.ready(): apps.py is imported before the models are",
     ("apps", "backends"): "AppConfig.ready(): apps.py is imported before the models are",
     ("apps", "schedules"): "AppConfig.ready(): apps.py is imported before the models are",

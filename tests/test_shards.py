@@ -161,3 +161,89 @@ def test_bad_shards_are_a_system_check_error(settings, value, message):
     settings.TASKLOOP = {"SHARDS": value}
     errors = [error for error in run_checks() if error.id == "taskloop.E020"]
     assert len(errors) == 1 and message in errors[0].msg, errors
+
+
+# Django Tasks: a backend's queues over its OPTIONS["DATABASES"] --------------------------------
+
+SHARDED_TASKS = {
+    "default": {
+        "BACKEND": "django_taskloop.backends.TaskloopBackend",
+        "QUEUES": ["default", "slow"],
+        "OPTIONS": {"DATABASES": BOTH},
+    }
+}
+
+
+@pytest.fixture
+def sharded_tasks() -> Iterator[Any]:
+    from django.test.utils import override_settings
+
+    from django_taskloop.compat import TASKS_AVAILABLE
+
+    if not TASKS_AVAILABLE:
+        pytest.skip("no Django Tasks framework installed")
+    with override_settings(TASKS=SHARDED_TASKS):
+        yield
+
+
+def run_tasks() -> None:
+    from django_taskloop.backends import task_handlers
+
+    assert Worker(task_handlers(), burst=True, schedule=False).run() == 0
+
+
+def test_django_tasks_spread_over_the_backends_databases_and_ids_name_the_shard(sharded_tasks):
+    from django_taskloop.compat import TaskResultStatus
+    from tests import testing_tasks as t
+
+    results = [t.record.enqueue(f"r{n}") for n in range(6)]
+    assert Counter(result.id.rpartition("@")[2] for result in results) == {"0": 3, "1": 3}
+    for result in results:  # each read back from its own shard before and after the run
+        assert (
+            result.id.endswith("@0")
+            == Task.objects.using("default").filter(data__id=result.id.split("-")[1]).exists()
+        )
+        assert t.record.get_result(result.id).status == TaskResultStatus.READY
+    run_tasks()
+    for n, result in enumerate(results):
+        done = t.record.get_result(result.id)
+        assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == f"R{n}"
+    assert sorted(t.logged()) == sorted(f"r{n}" for n in range(6))
+
+
+def test_django_tasks_keys_and_unique_calls_keep_to_one_shard(sharded_tasks):
+    from django.db import transaction
+
+    from django_taskloop.compat import TaskResultStatus
+    from tests import testing_tasks as t
+
+    first = t.refresh.enqueue("sales")
+    assert t.refresh.enqueue("sales").id == first.id  # its waiting twin, on the same shard
+    steps = [t.account_step.enqueue(7, 1)]
+    with transaction.atomic():  # the caller's transaction (default): enqueued at its commit
+        later = t.notify.enqueue(5)
+        assert (
+            not Task.objects.using(later.id.rpartition("@")[2] == "0" and "default" or "other")
+            .filter(data__result=later.id)
+            .exists()
+        )
+    run_tasks()
+    for task, result in [(t.refresh, first), (t.account_step, steps[0]), (t.notify, later)]:
+        assert task.get_result(result.id).status == TaskResultStatus.SUCCESSFUL, result.id
+    # The second step (enqueued by the first, same key) ran after it, on the key's shard.
+    ends = t.logged("end")
+    assert ends.count("7:2") == 1 and ends.index("7:1") < ends.index("7:2")
+    assert "notify:5" in ends
+
+
+def test_a_bad_databases_option_is_a_system_check_error():
+    from django.test.utils import override_settings
+
+    from django_taskloop.compat import TASKS_AVAILABLE
+
+    if not TASKS_AVAILABLE:
+        pytest.skip("no Django Tasks framework installed")
+    bad = {"default": {**SHARDED_TASKS["default"], "OPTIONS": {"DATABASES": ["default", "nowhere"]}}}
+    with override_settings(TASKS=bad):
+        errors = [error for error in run_checks() if error.id == "taskloop.E004"]
+    assert len(errors) == 1 and "'nowhere', not in DATABASES" in errors[0].msg, errors

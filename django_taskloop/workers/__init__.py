@@ -40,7 +40,6 @@ from django.utils.module_loading import autodiscover_modules
 from ..compat import explain_refused_options
 from ..cron import periodic
 from ..exceptions import NotFound
-from ..shards import ShardedTube, databases_of, is_sharded, open_tube
 from ..validation import check_count, check_handler, check_name, check_seconds
 from .runtime import FailedForGood, StopNow, run_interruptibly
 from .runtime import backoff as backoff  # re-exported: drivers and the runner import them here
@@ -100,6 +99,9 @@ class Handler:
     #: Tubes: the database this handler serves, one shard of a tube that ``SHARDS`` spreads
     #: over several (the worker makes one handler per shard); ``None``: the router's.
     database: str | None = None
+    #: Tubes: the databases the tube is spread over when set here (a Django Tasks backend's
+    #: ``OPTIONS["DATABASES"]``) rather than in ``TASKLOOP["SHARDS"]``.
+    shards: tuple[str, ...] = ()
     #: Tubes: the tube by database alias, once :meth:`get_tube` has opened it.
     _tubes: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -129,6 +131,7 @@ class Handler:
                 "(a board's jobs are posted with JobBoard.post, a loop's ids added with add)"
             )
         from ..models import Tube
+        from ..shards import ShardedTube, databases_of, is_sharded
 
         if self.database is None and is_sharded(self.target):
             sharded = self._tubes.get("*")
@@ -196,15 +199,26 @@ def _register(handler: Handler) -> Handler:
     return handler
 
 
+def open_tube(name: str, options: dict[str, Any], using: str | None = None) -> Any:
+    """Return tube ``name``, made with ``options`` if it does not exist (see
+    :func:`django_taskloop.shards.open_tube`)."""
+    from ..shards import open_tube as opened
+
+    return opened(name, options, using)
+
+
 def shard_handlers(handlers: Iterable[Handler]) -> list[Handler]:
-    """Return ``handlers`` with each tube handler of a tube that ``SHARDS`` names made one
-    handler per shard (:attr:`Handler.database`)."""
+    """Return ``handlers`` with each tube handler of a tube that ``SHARDS`` names (or whose
+    :attr:`Handler.shards` lists databases) made one handler per shard (:attr:`Handler.database`)."""
+    from ..shards import databases_of, is_sharded
+
     out: list[Handler] = []
     for handler in handlers:
-        if handler.kind != "tube" or handler.database is not None or not is_sharded(handler.target):
+        databases = handler.shards or (databases_of(handler.target) if is_sharded(handler.target) else ())
+        if handler.kind != "tube" or handler.database is not None or not databases:
             out.append(handler)
             continue
-        out.extend(replace(handler, database=alias, _tubes={}) for alias in databases_of(handler.target))
+        out.extend(replace(handler, database=alias, _tubes={}) for alias in databases)
     return out
 
 

@@ -21,7 +21,8 @@ from ..conf import setting
 from ..models import Consumer, JobBoard, TaskRecord, Tube
 from ..models.operating import is_paused
 from ..models.tubes import ClaimCursor, worth_trying
-from . import Handler, open_tube
+from ..shards import open_tube
+from . import Handler
 from .runtime import backoff, run_interruptibly
 
 logger = logging.getLogger("django_taskloop.workers")
