@@ -16,6 +16,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
+from . import shards
 from .conf import setting
 from .health import database_cleanup
 from .models.operating import throughput_totals
@@ -53,7 +54,8 @@ def queue_gauges() -> Iterable[tuple[str, str, dict[str, int], float]]:
     """
     for summary in merge_django_tasks(queue_summaries()):
         counts = {STATE_LABELS.get((summary.kind, state), state): n for state, n in summary.counts.items()}
-        yield summary.kind, summary.name, counts, summary.oldest_ready or 0.0
+        # A tube's shard other than the router's database: "emails@queue2".
+        yield summary.kind, shards.shown(summary.name, summary.using), counts, summary.oldest_ready or 0.0
 
 
 def render_metrics() -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import router
 
-from . import engine
+from . import engine, shards
 from .conf import setting, tasks_backend_aliases
 from .exceptions import NotFound
 from .models import (
@@ -33,7 +33,11 @@ __all__ = ["reap", "format_report", "loop_models"]
 
 
 def _aliases(model: Any, using: str | None) -> Iterable[str]:
-    return [using] if using else [router.db_for_write(model)]
+    if using:
+        return [using]
+    if model in (Tube, TaskRecord):  # and every shard of a tube or a Django Tasks queue
+        return list(dict.fromkeys([router.db_for_write(model), *shards.tube_databases()]))
+    return [router.db_for_write(model)]
 
 
 def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
@@ -66,7 +70,7 @@ def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
         for tube in Tube.objects.db_manager(alias).order_by("name"):
             try:
                 # delay/ttr/ttl transitions, and the tasks of dead consumers back to ready.
-                report["tubes"][tube.name] = dict(tube.tidy(stale=True))
+                report["tubes"][shards.shown(tube.name, alias)] = dict(tube.tidy(stale=True))
             except NotFound:
                 continue  # dropped while we looked
         forgotten = Consumer.objects.using(alias).forget_dead()
@@ -89,7 +93,8 @@ def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
                 status__in=[TaskRecordStatus.SUCCESSFUL, TaskRecordStatus.FAILED],
                 finished_at__lte=engine.DbNow(-retention),
             )
-            report["results"]["django-tasks"] = {"pruned": old.delete()[0]}
+            earlier = report["results"].get("django-tasks", {}).get("pruned", 0)
+            report["results"]["django-tasks"] = {"pruned": earlier + old.delete()[0]}
     return report
 
 

@@ -34,15 +34,25 @@ import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError, connections, router
 
-from .conf import setting
+from .conf import setting, tasks_backend_aliases
 from .engine.reach import unreachable
 from .exceptions import NotFound, TubeError
 from .models import Tube
 from .task_options import TaskloopTask, task_key
 
-__all__ = ["ShardedTube", "databases_of", "is_sharded", "open_tube", "pick", "tube"]
+__all__ = [
+    "ShardedTube",
+    "databases_of",
+    "is_sharded",
+    "open_tube",
+    "pick",
+    "shown",
+    "tube",
+    "tube_databases",
+]
 
 #: The workers' logger: open_tube's warning is about what a ``@tube`` handler asked for.
 logger = logging.getLogger("django_taskloop.workers")
@@ -62,6 +72,25 @@ def databases_of(name: str) -> list[str]:
     if shards:
         return list(shards)
     return [router.db_for_write(Tube)]
+
+
+def tube_databases() -> list[str]:
+    """Every database that may hold tubes: the router's first, then each alias that
+    ``SHARDS`` or a Django Tasks backend's ``OPTIONS["DATABASES"]`` names (the read model,
+    the metrics and ``reap_locks`` look at each)."""
+    found = [router.db_for_read(Tube)]
+    for aliases in setting("SHARDS").values():
+        found.extend(aliases)
+    tasks = getattr(settings, "TASKS", None) or {}
+    for alias in tasks_backend_aliases():
+        found.extend((tasks[alias].get("OPTIONS") or {}).get("DATABASES") or ())
+    return [alias for alias in dict.fromkeys(found) if alias in connections.settings]
+
+
+def shown(name: str, using: str) -> str:
+    """Name tube ``name`` of database ``using`` for people: ``emails``, or ``emails@queue2`` on a
+    database other than the router's."""
+    return name if using == router.db_for_read(Tube) else f"{name}@{using}"
 
 
 def is_sharded(name: str) -> bool:

@@ -18,7 +18,7 @@ from django.apps import apps
 from django.db import router
 from django.db.models import Count, Q, QuerySet, Sum
 
-from . import engine
+from . import engine, shards
 from .models import (
     KINDS,
     Failure,
@@ -408,11 +408,14 @@ def queue_summaries(
     summaries: list[QueueSummary] = []
     for kind in kinds:
         if kind == "task":
-            for tube in Tube.objects.order_by("name")[:limit]:
-                now = clock(tube._state.db or router.db_for_read(Task))
-                summaries.append(
-                    tube_summary(tube, cap=cap, now=now, failures=failed.get(("task", tube.name), 0))
-                )
+            # Every database that holds tubes: a sharded tube is one summary per shard.
+            for using in shards.tube_databases():
+                for tube in Tube.objects.using(using).order_by("name")[:limit]:
+                    summaries.append(
+                        tube_summary(
+                            tube, cap=cap, now=clock(using), failures=failed.get(("task", tube.name), 0)
+                        )
+                    )
         elif kind == "job":
             for board in JobBoard.objects.order_by("name")[:limit]:
                 now = clock(board._state.db or router.db_for_read(Job))

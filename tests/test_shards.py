@@ -247,3 +247,17 @@ def test_a_bad_databases_option_is_a_system_check_error():
     with override_settings(TASKS=bad):
         errors = [error for error in run_checks() if error.id == "taskloop.E004"]
     assert len(errors) == 1 and "'nowhere', not in DATABASES" in errors[0].msg, errors
+
+
+def test_the_read_model_the_metrics_and_the_reaper_cover_every_shard(sharded):
+    from django_taskloop.metrics import render_metrics
+    from django_taskloop.reaper import reap
+    from django_taskloop.stats import queue_summaries
+
+    sharded.put_many([{"n": n} for n in range(5)])  # 3 on one shard, 2 on the other
+    mine = {s.using: s.counts["ready"] for s in queue_summaries(["task"]) if s.name == "s-tube"}
+    assert mine == {"default": 3, "other": 2}
+    metrics = render_metrics()
+    assert 'taskloop_items{queue="s-tube",kind="task",state="ready"} 3' in metrics
+    assert 'taskloop_items{queue="s-tube@other",kind="task",state="ready"} 2' in metrics
+    assert {"s-tube", "s-tube@other"} <= set(reap()["tubes"])
