@@ -16,7 +16,21 @@ def unreachable(alias: str) -> DatabaseError | None:
         if connection.connection is None or not connection.is_usable():
             connection.close()
             connection.ensure_connection()
+            if connection.vendor == "mysql":
+                _refuse_a_node_not_ready(connection)
     except DatabaseError as error:
         connection.close()
         return error
     return None
+
+
+def _refuse_a_node_not_ready(connection: object) -> None:
+    """A Galera node that is not ready (cut off from its cluster's primary component) accepts
+    connections and answers pings, and refuses every query on the tables with error 1047:
+    count it unreachable, so that a worker waits it out like an outage. (A server without
+    Galera has no ``wsrep_ready``: the read finds nothing.)"""
+    with connection.cursor() as cursor:  # type: ignore[attr-defined]
+        cursor.execute("SHOW GLOBAL STATUS LIKE 'wsrep_ready'")
+        row = cursor.fetchone()
+    if row is not None and str(row[1]).upper() != "ON":
+        raise DatabaseError(1047, "WSREP has not yet prepared node for application use")

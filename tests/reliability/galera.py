@@ -203,6 +203,15 @@ def _close(*socks: socket.socket) -> None:
             sock.close()
 
 
+def reach_error() -> str | None:
+    """(Run in a Django process on one node.) What the workers' look at a database says of it:
+    the error that counts it unreachable (``engine.reach.unreachable``), or ``None``."""
+    from django_taskloop.engine.reach import unreachable
+
+    error = unreachable("default")
+    return None if error is None else str(error.args[0] if error.args else error)
+
+
 def not_ready_then_failover(flags: str) -> dict:
     """(Run in a Django process on the proxy, see test_galera.) Put a task, through the proxy,
     on the node it routes to; once that node is cut off (file ``flags/switched``), put one that

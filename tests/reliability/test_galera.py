@@ -181,6 +181,10 @@ def test_a_node_not_ready_is_a_lost_connection(galera, tmp_path, capsys):
         # Node 3 leaves the cluster: it is not ready (wsrep_ready OFF), yet it answers pings.
         third.execute("SET GLOBAL wsrep_provider_options='gmcast.isolate=1'", database=None)
         wait_until(lambda: status(third, "wsrep_ready") == "OFF", 60, what="node 3 not ready")
+        # A worker's look at it counts it unreachable (it would wait, as for an outage),
+        # though it accepts connections; a node that is ready is reachable.
+        assert run_remote(third.url(), "tests.reliability.galera:reach_error") == "1047"
+        assert run_remote(galera.nodes[1].url(), "tests.reliability.galera:reach_error") is None
         proxy.switch(galera.nodes[1].port, cut=False)  # new connections go to node 2
         (tmp_path / "switched").touch()
         output, _ = client.communicate(timeout=120)
