@@ -1,7 +1,7 @@
 """One tube over three shards against the same tube in one database (issue 31's bench row).
 
     DATABASE_URL=mysql://root@127.0.0.1:3306/test .venv/bin/python bench/shards_bench.py
-    DATABASE_URL=postgres:///test .venv/bin/python bench/shards_bench.py --tasks 30000
+    DATABASE_URL=postgres:///test .venv/bin/python bench/shards_bench.py --rounds 5
 
 Three databases on the server of ``DATABASE_URL`` (``bench_shard0..2``, made afresh and
 migrated) are the shards. Each round drains ``--tasks`` tasks of a ``fifottl`` tube with
@@ -159,7 +159,7 @@ def drain(databases: list[str], tasks: int, processes: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=30_000)
+    parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -218,7 +219,11 @@ def shard_handlers(handlers: Iterable[Handler]) -> list[Handler]:
         if handler.kind != "tube" or handler.database is not None or not databases:
             out.append(handler)
             continue
-        out.extend(replace(handler, database=alias, _tubes={}) for alias in databases)
+        # Each process starts its rounds at another shard: two processes then claim from
+        # different databases at once rather than from the same one in step.
+        start = os.getpid() % len(databases)
+        turn = [*databases[start:], *databases[:start]]
+        out.extend(replace(handler, database=alias, _tubes={}) for alias in turn)
     return out
 
 
