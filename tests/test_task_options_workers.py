@@ -339,11 +339,14 @@ def test_one_worker_starts_tasks_in_priority_order():
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_starts_a_task_not_before_its_run_after():
-    run_after = db_now() + dt.timedelta(seconds=3)
-    later = t.plain.using(run_after=run_after).enqueue("run_after", "later")
-    now = t.plain.enqueue("run_after", "now")
     worker = start_workers("--only", "default", **worker_env())
     try:
+        # The worker is up (a loaded machine may take seconds to start one): only then does
+        # the "not before" start to count, so that "now" is due well before "later".
+        all_finished([t.plain.enqueue("run_after", "warm-up")], timeout=60, output=lambda: stop(worker))
+        run_after = db_now() + dt.timedelta(seconds=3)
+        later = t.plain.using(run_after=run_after).enqueue("run_after", "later")
+        now = t.plain.enqueue("run_after", "now")
         later_done, now_done = all_finished([later, now], timeout=60, output=lambda: stop(worker))
     finally:
         output = stop(worker)
