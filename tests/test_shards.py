@@ -6,6 +6,7 @@ What a shard's server dying does mid-drain is in tests/reliability/test_shards.p
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.core.checks import run_checks
+from django.core.management import call_command
 from django.db import DatabaseError, connections
 
 from django_taskloop import shards
@@ -261,3 +263,7 @@ def test_the_read_model_the_metrics_and_the_reaper_cover_every_shard(sharded):
     assert 'taskloop_items{queue="s-tube",kind="task",state="ready"} 3' in metrics
     assert 'taskloop_items{queue="s-tube@other",kind="task",state="ready"} 2' in metrics
     assert {"s-tube", "s-tube@other"} <= set(reap()["tubes"])
+    out = io.StringIO()
+    call_command("taskloop", "status", stdout=out)
+    rows = [line.split()[:2] for line in out.getvalue().splitlines() if line.startswith("s-tube")]
+    assert sorted(rows) == [["s-tube", "3"], ["s-tube@other", "2"]], out.getvalue()

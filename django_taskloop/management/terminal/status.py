@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
+from django_taskloop import shards
 from django_taskloop.models import WorkerProcess
 from django_taskloop.stats import (
     DJANGO_TASK,
@@ -64,7 +65,7 @@ def _count(summary: QueueSummary, state: str) -> str:
 
 def _row(summary: QueueSummary, states: tuple[str, ...], workers: int) -> list[str]:
     return [
-        summary.name,
+        shards.shown(summary.name, summary.using),  # a shard other than the router's: emails@queue2
         *(_count(summary, state) for state in states),
         duration(summary.oldest_ready) if summary.oldest_ready is not None else "—",
         str(summary.failures_last_hour),
