@@ -194,7 +194,7 @@ def tube_summary(
     return QueueSummary(
         kind="task",
         name=tube.name,
-        title=tube.name,
+        title=shards.shown(tube.name, using),  # a shard other than the router's: emails@queue2
         using=using,
         source=tube,
         counts=counts,
