@@ -20,7 +20,10 @@ nothing joins two shards, so each commits on its own server and their capacities
 - ``statistics()`` adds up the shards' and lists each under ``"shards"``; ``pause()`` and
   ``resume()`` act on every shard.
 
-A tube that ``SHARDS`` does not name lives in its one database as before, at no extra cost.
+Job boards shard the same way (:func:`board`: ``post`` in turn; ``@board`` workers claim from
+every shard). A Django Tasks backend names its shards in ``OPTIONS["DATABASES"]``.
+
+A queue that ``SHARDS`` does not name lives in its one database as before, at no extra cost.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -40,11 +43,13 @@ from django.db import DatabaseError, connections, router
 from .conf import setting, tasks_backend_aliases
 from .engine.reach import unreachable
 from .exceptions import NotFound, TubeError
-from .models import Tube
+from .models import JobBoard, Tube
 from .task_options import TaskloopTask, task_key
 
 __all__ = [
+    "ShardedBoard",
     "ShardedTube",
+    "board",
     "databases_of",
     "is_sharded",
     "open_tube",
@@ -121,10 +126,10 @@ def mark_down(alias: str) -> None:
         _down[alias] = time.monotonic() + DOWN_FOR
 
 
-class ShardedTube:
-    """A tube over its shards (:func:`tube`): put, put_many, statistics, pause and resume. The
-    consumer verbs belong to each shard's :class:`~django_taskloop.models.Tube`
-    (:meth:`shard`), as the tasks they name do."""
+class _Sharded:
+    """A queue over its shards: the shard a write goes to, and the verbs that act on all."""
+
+    kind = "queue"
 
     def __init__(self, name: str, databases: Sequence[str], create: dict[str, Any] | None = None) -> None:
         self.name = name
@@ -133,17 +138,36 @@ class ShardedTube:
         self._tubes: dict[str, Any] = {}
 
     def __repr__(self) -> str:
-        return f"<ShardedTube {self.name!r} over {', '.join(self.databases)}>"
+        return f"<{type(self).__name__} {self.name!r} over {', '.join(self.databases)}>"
+
+    def _open(self, alias: str) -> Any:
+        raise NotImplementedError
 
     def shard(self, alias: str) -> Any:
-        """Return the :class:`~django_taskloop.models.Tube` of shard ``alias`` (made there, with
-        the options given to :func:`tube`, if need be)."""
+        """Return the queue of shard ``alias`` (made there, with the options given, if need be)."""
         if alias not in self.databases:
-            raise ValueError(f"{alias!r} is not a shard of tube {self.name!r}: {', '.join(self.databases)}")
+            raise ValueError(
+                f"{alias!r} is not a shard of {self.kind} {self.name!r}: {', '.join(self.databases)}"
+            )
         found = self._tubes.get(alias)
         if found is None:
-            found = self._tubes[alias] = open_tube(self.name, self.create, using=alias)
+            found = self._tubes[alias] = self._open(alias)
         return found
+
+    def pause(self) -> None:
+        """Pause the queue on every shard."""
+        for alias in self.databases:
+            self.shard(alias).pause()
+
+    def resume(self) -> None:
+        """Resume the queue on every shard."""
+        for alias in self.databases:
+            self.shard(alias).resume()
+
+    @property
+    def paused(self) -> bool:
+        """Whether the queue is paused on every shard."""
+        return all(self.shard(alias).paused for alias in self.databases)
 
     def _on_some_shard(self, key: Any, verb: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``verb`` on the tube of the shard a put goes to; a shard that cannot be reached
@@ -164,6 +188,17 @@ class ShardedTube:
                 tried.append(alias)
                 if len(tried) == len(self.databases):
                     raise
+
+
+class ShardedTube(_Sharded):
+    """A tube over its shards (:func:`tube`): put, put_many, statistics, pause and resume. The
+    consumer verbs belong to each shard's :class:`~django_taskloop.models.Tube`
+    (:meth:`shard`), as the tasks they name do."""
+
+    kind = "tube"
+
+    def _open(self, alias: str) -> Any:
+        return open_tube(self.name, self.create, using=alias)
 
     def put(self, data: Any, **options: Any) -> Any:
         """Put a task on one shard (``Tube.put``'s options): the ``utube`` key's, else the next
@@ -197,20 +232,37 @@ class ShardedTube:
                     into[name] = into.get(name, 0) + n
         return {**total, "shards": per_shard}
 
-    def pause(self) -> None:
-        """Pause the tube on every shard (``Tube.pause``)."""
-        for alias in self.databases:
-            self.shard(alias).pause()
 
-    def resume(self) -> None:
-        """Resume the tube on every shard (``Tube.resume``)."""
-        for alias in self.databases:
-            self.shard(alias).resume()
+class ShardedBoard(_Sharded):
+    """A job board over its shards (:func:`board`): post, job_count, iterjobs, pause and
+    resume. Claims, consumes and the rest belong to each shard's
+    :class:`~django_taskloop.models.JobBoard` (:meth:`shard`), as the jobs they name do."""
+
+    kind = "board"
+
+    def _open(self, alias: str) -> Any:
+        return JobBoard.objects.db_manager(alias).create_board(self.name, if_not_exists=True)
+
+    def post(self, name: str, details: dict[str, Any] | None = None, **options: Any) -> Any:
+        """Post a job (``JobBoard.post``) on one shard, the next in turn (one found down is left
+        out); ``job._state.db`` names it."""
+        return self._on_some_shard(None, "post", name, details, **options)
 
     @property
-    def paused(self) -> bool:
-        """Whether the tube is paused on every shard."""
-        return all(self.shard(alias).paused for alias in self.databases)
+    def job_count(self) -> int:
+        """The jobs of every shard (``JobBoard.job_count``)."""
+        return sum(self.shard(alias).job_count for alias in self.databases)
+
+    def iterjobs(self, only_unclaimed: bool = False) -> Iterator[Any]:
+        """Every shard's jobs, shard after shard (``JobBoard.iterjobs``)."""
+        for alias in self.databases:
+            yield from self.shard(alias).iterjobs(only_unclaimed=only_unclaimed)
+
+
+def board(name: str) -> ShardedBoard:
+    """Return job board ``name`` over the databases ``SHARDS`` names for it (its one database
+    if none)."""
+    return ShardedBoard(name, databases_of(name))
 
 
 def tube(name: str, **create: Any) -> ShardedTube:

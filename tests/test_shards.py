@@ -267,3 +267,22 @@ def test_the_read_model_the_metrics_and_the_reaper_cover_every_shard(sharded):
     call_command("taskloop", "status", stdout=out)
     rows = [line.split()[:2] for line in out.getvalue().splitlines() if line.startswith("s-tube")]
     assert sorted(rows) == [["s-tube", "3"], ["s-tube@other", "2"]], out.getvalue()
+
+
+def test_a_board_over_shards_posts_in_turn_and_its_workers_consume_each_job_where_it_is(settings):
+    from django_taskloop.models import Job
+
+    settings.TASKLOOP = {"SHARDS": {"s-board": BOTH}}
+    jobs = shards.board("s-board")
+    posted = [jobs.post(f"job-{n}", {"n": n}) for n in range(6)]
+    assert Counter(job._state.db for job in posted) == {"default": 3, "other": 3}
+    assert jobs.job_count == 6 and len(list(jobs.iterjobs(only_unclaimed=True))) == 6
+    ran: list[tuple[str, int]] = []
+    handler = Handler(
+        "board", "s-board", lambda job: ran.append((job._state.db, job.details["n"])), "s-board"
+    )
+    assert Worker([handler], burst=True, schedule=False).run() == 0
+    assert sorted(n for _, n in ran) == list(range(6))
+    assert Counter(alias for alias, _ in ran) == {"default": 3, "other": 3}
+    assert jobs.job_count == 0
+    assert not Job.objects.using("default").exists() and not Job.objects.using("other").exists()

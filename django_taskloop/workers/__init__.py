@@ -216,7 +216,7 @@ def shard_handlers(handlers: Iterable[Handler]) -> list[Handler]:
     out: list[Handler] = []
     for handler in handlers:
         databases = handler.shards or (databases_of(handler.target) if is_sharded(handler.target) else ())
-        if handler.kind != "tube" or handler.database is not None or not databases:
+        if handler.kind not in ("tube", "board") or handler.database is not None or not databases:
             out.append(handler)
             continue
         # Each process starts its rounds at another shard: two processes then claim from

@@ -373,7 +373,9 @@ class BoardDriver(Driver["Job"]):
     @property
     def using(self) -> str:
         # Before prepare(): the database the board is made on.
-        return self._board.using if self._board is not None else str(JobBoard.objects.db)
+        if self._board is not None:
+            return self._board.using
+        return self.handler.database or str(JobBoard.objects.db)
 
     def __init__(self, handler: Handler, identity: str) -> None:
         super().__init__(handler, identity)
@@ -392,7 +394,10 @@ class BoardDriver(Driver["Job"]):
         self._board = board
 
     def prepare(self) -> None:
-        self.board = JobBoard.objects.create_board(self.handler.target, if_not_exists=True)
+        boards = (
+            JobBoard.objects.db_manager(self.handler.database) if self.handler.database else JobBoard.objects
+        )
+        self.board = boards.create_board(self.handler.target, if_not_exists=True)
 
     def claim(self, limit: int) -> list[Job]:
         return self.board.claim_many(self.identity, limit, expiry=self.handler.lease)
