@@ -286,3 +286,20 @@ def test_a_board_over_shards_posts_in_turn_and_its_workers_consume_each_job_wher
     assert Counter(alias for alias, _ in ran) == {"default": 3, "other": 3}
     assert jobs.job_count == 0
     assert not Job.objects.using("default").exists() and not Job.objects.using("other").exists()
+
+
+def test_tubes_of_a_shard_that_was_down_at_start_are_prepared_before_a_poll_reads_them(settings):
+    """Two tubes on a shard that is down when the worker starts: both wait unprepared. When it
+    is back, the idle poll (one read for every tube of the database) must prepare them all
+    first, not read a tube it has not opened (it raised RuntimeError)."""
+    settings.TASKLOOP = {"SHARDS": {"s-tube": BOTH, "s-tube2": BOTH}}
+    handlers = [Handler("tube", name, print, name, create=UTUBE) for name in ("s-tube", "s-tube2")]
+    worker = Worker(handlers, burst=False, schedule=False)
+    with unreachable("other"):
+        worker._prepare()
+    assert len(worker.parked.unprepared) == 2
+    since, _ = worker.parked.until["other"]
+    worker.parked.until["other"] = (since, 0.0)  # due for a look now
+    tubes = [driver for driver in worker.drivers if driver.using == "other"]
+    assert worker._not_worth_trying(tubes) == set(tubes)  # both empty, both opened
+    assert not worker.parked.unprepared and "other" not in worker.parked.until

@@ -353,7 +353,7 @@ class Worker:
         skip: set[Driver] = set()
         for using in {driver.using for driver in tubes}:
             mine = [driver for driver in tubes if driver.using == using]
-            if self._parked(mine[0]):
+            if any([self._parked(driver) for driver in mine]):  # each prepared once it is back
                 skip.update(mine)
                 continue
             try:
