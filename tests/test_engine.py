@@ -243,3 +243,17 @@ def test_a_deadlock_in_nested_work_is_retried_once_per_try_by_the_outermost_tran
             run_in_transaction(Ticket, "default", outer)
     assert "tries" not in str(busy.value)
     assert len(tries) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_database_under_test_reads_reachable_on_a_fresh_connection():
+    """``engine.reach.unreachable`` (the workers' look at a database after an error) on a
+    server that works: ``None``. (A plain MariaDB reads ``wsrep_ready`` OFF: only a Galera node,
+    ``wsrep_on`` ON, is asked whether it is ready; every MariaDB read unreachable before.)"""
+    from django.db import connection
+
+    from django_taskloop.engine.reach import unreachable
+
+    connection.close()
+    assert unreachable("default") is None
+    assert connection.connection is not None  # left open for the next use

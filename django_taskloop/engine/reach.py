@@ -28,8 +28,13 @@ def _refuse_a_node_not_ready(connection: object) -> None:
     """A Galera node that is not ready (cut off from its cluster's primary component) accepts
     connections and answers pings, and refuses every query on the tables with error 1047:
     count it unreachable, so that a worker waits it out like an outage. (A server without
-    Galera has no ``wsrep_ready``: the read finds nothing.)"""
+    Galera has ``wsrep_on`` OFF: nothing more is read.)"""
     with connection.cursor() as cursor:  # type: ignore[attr-defined]
+        # (A MariaDB without Galera has wsrep_ready too, always OFF: wsrep_on says which.)
+        cursor.execute("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
+        on = cursor.fetchone()
+        if on is None or str(on[1]).upper() != "ON":
+            return
         cursor.execute("SHOW GLOBAL STATUS LIKE 'wsrep_ready'")
         row = cursor.fetchone()
     if row is not None and str(row[1]).upper() != "ON":
