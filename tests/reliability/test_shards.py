@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import _N, BASE, ROOT, Server, _free, django_env
+from .conftest import BASE, ROOT, Server, django_env
 from .shard_scenarios import KEYS
 from .workers import OVERRIDES, Workers, wait_until
 
@@ -33,19 +34,36 @@ TASKS = KEYS * PER_KEY
 SETTINGS = "tests.reliability.shard_settings"
 
 
+def free_port() -> int:
+    """A port nothing listens on or connects from now (the system's choice)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_on_a_free_port(server: Server) -> None:
+    """Start ``server`` on a port that is free now; again on another if that one was taken
+    meanwhile (CI: a fixed port was the local end of some client's connection)."""
+    for attempt in range(3):
+        server.port = free_port()
+        try:
+            server.start()
+            return
+        except (TimeoutError, RuntimeError):
+            if attempt == 2:
+                raise
+
+
 @pytest.fixture
 def more_servers(throwaway: Server) -> Iterator[list[Server]]:
     """Two more throwaway servers of the throwaway's vendor, each with a fresh database."""
     servers = []
     try:
         for n in (1, 2):
-            port = (33300 if throwaway.vendor == "mysql" else 54300) + 10 * _N + n
-            if not _free(port):
-                pytest.fail(f"port {port} for a shard server is taken (a stale run? see {BASE})")
-            server = Server(throwaway.vendor, port, BASE / f"{throwaway.vendor}-shard{n}", ["127.0.0.1"])
+            server = Server(throwaway.vendor, 0, BASE / f"{throwaway.vendor}-shard{n}", ["127.0.0.1"])
             servers.append(server)
             server.install()
-            server.start()
+            start_on_a_free_port(server)
             server.recreate_database()
         yield servers
     finally:
