@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .validation import check_count, check_seconds
+from .validation import check_aliases, check_count, check_seconds
 
 DEFAULTS: dict[str, Any] = {
     # Seconds without a heartbeat after which a tube consumer counts as dead.
@@ -90,16 +90,9 @@ def _mapping(value: Any, name: str) -> Any:
 def _shards(value: Any, name: str) -> Any:
     _mapping(value, name)
     for tube, aliases in value.items():
-        where = f"{name}[{tube!r}]"
         if not isinstance(tube, str) or not tube:
             raise TypeError(f"{name}'s keys must be tube names (non-empty str), not {tube!r}")
-        if not isinstance(aliases, (list, tuple)) or not aliases:
-            raise TypeError(f"{where} must be a non-empty list of DATABASES aliases, not {aliases!r}")
-        unknown = [alias for alias in aliases if alias not in settings.DATABASES]
-        if unknown:
-            raise ValueError(f"{where} names {unknown[0]!r}, which is not in DATABASES")
-        if len(set(aliases)) != len(aliases):
-            raise ValueError(f"{where} names a database twice: {list(aliases)!r}")
+        check_aliases(aliases, f"{name}[{tube!r}]")
     return value
 
 

@@ -45,6 +45,7 @@ from .engine.reach import unreachable
 from .exceptions import NotFound, TubeError
 from .models import JobBoard, Tube
 from .task_options import TaskloopTask, task_key
+from .validation import check_aliases
 
 __all__ = [
     "ShardedBoard",
@@ -304,17 +305,7 @@ def backend_databases(given: Any) -> list[str] | None:
     """Return a backend's ``OPTIONS["DATABASES"]`` checked (aliases of ``DATABASES``, none twice),
     or ``None`` when not given (one database: the router's). Raises ``TypeError``/``ValueError``
     (the backend's system check ``taskloop.E004`` says which)."""
-    if given is None:
-        return None
-    where = 'OPTIONS["DATABASES"]'
-    if not isinstance(given, (list, tuple)) or not given or not all(isinstance(a, str) for a in given):
-        raise TypeError(f"{where} must be a non-empty list of DATABASES aliases, not {given!r}")
-    unknown = [alias for alias in given if alias not in connections.settings]
-    if unknown:
-        raise ValueError(f"{where} names {unknown[0]!r}, not in DATABASES")
-    if len(set(given)) != len(given):
-        raise ValueError(f"{where} names a database twice")
-    return list(given)
+    return None if given is None else check_aliases(given, 'OPTIONS["DATABASES"]')
 
 
 def shard_for(databases: list[str] | None, model: Any, key: Any) -> tuple[str, str]:

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, Literal, overload
 
+from django.conf import settings
 from django.db.models import QuerySet
 
 # Longer than any lease anyone needs, short enough that now + seconds stays a valid datetime
@@ -203,3 +204,16 @@ def check_handler(func: Any, what: str = "handler") -> None:
             f"{name} is {kind} function: a worker cannot run it to completion "
             "(use a plain def or async def function that returns when its work is done)"
         )
+
+
+def check_aliases(value: Any, name: str) -> list[str]:
+    """Check a list of ``DATABASES`` aliases (a queue's shards): non-empty, each known, none
+    twice; return it as a list. ``TypeError``/``ValueError`` name the setting."""
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(a, str) for a in value):
+        raise TypeError(f"{name} must be a non-empty list of DATABASES aliases, not {value!r}")
+    unknown = [alias for alias in value if alias not in settings.DATABASES]
+    if unknown:
+        raise ValueError(f"{name} names {unknown[0]!r}, which is not in DATABASES")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{name} names a database twice: {list(value)!r}")
+    return list(value)

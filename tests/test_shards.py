@@ -248,7 +248,7 @@ def test_a_bad_databases_option_is_a_system_check_error():
     bad = {"default": {**SHARDED_TASKS["default"], "OPTIONS": {"DATABASES": ["default", "nowhere"]}}}
     with override_settings(TASKS=bad):
         errors = [error for error in run_checks() if error.id == "taskloop.E004"]
-    assert len(errors) == 1 and "'nowhere', not in DATABASES" in errors[0].msg, errors
+    assert len(errors) == 1 and "'nowhere', which is not in DATABASES" in errors[0].msg, errors
 
 
 def test_the_read_model_the_metrics_and_the_reaper_cover_every_shard(sharded):
