@@ -177,9 +177,9 @@ if TASKS_AVAILABLE:
                 "backend": self.alias,
                 "queue": task.queue_name,
             }
-            # Sharded: the key's shard (a key's tasks in order, one at a time), a unique task's
-            # by its call (its twin is there), else the next in turn; the id says which.
-            using, mark = shards.shard_for(self.databases, TaskRecord, shards.call_key(task, call))
+            # Sharded: a key's (or a unique call's) shard, else the next in turn; the id says which.
+            databases = self.databases  # (unsharded: no key to work out on this hot path)
+            using, mark = shards.shard_for(databases, TaskRecord, databases and shards.call_key(task, call))
             call["id"] = secrets.token_hex(6) + mark
             if task.run_after is not None:
                 call["run_after"] = task.run_after.isoformat()
