@@ -136,7 +136,7 @@ class _Sharded:
         self.name = name
         self.databases = list(databases)
         self.create = dict(create or {})
-        self._tubes: dict[str, Any] = {}
+        self._queues: dict[str, Any] = {}  # each shard's tube or board, once opened
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} over {', '.join(self.databases)}>"
@@ -150,9 +150,9 @@ class _Sharded:
             raise ValueError(
                 f"{alias!r} is not a shard of {self.kind} {self.name!r}: {', '.join(self.databases)}"
             )
-        found = self._tubes.get(alias)
+        found = self._queues.get(alias)
         if found is None:
-            found = self._tubes[alias] = self._open(alias)
+            found = self._queues[alias] = self._open(alias)
         return found
 
     def pause(self) -> None:
@@ -180,7 +180,7 @@ class _Sharded:
                 try:
                     return getattr(self.shard(alias), verb)(*args, **kwargs)
                 except NotFound:  # dropped since: made again, once
-                    self._tubes.pop(alias, None)
+                    self._queues.pop(alias, None)
                     return getattr(self.shard(alias), verb)(*args, **kwargs)
             except DatabaseError:
                 if key is not None or unreachable(alias) is None:
