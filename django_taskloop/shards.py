@@ -44,6 +44,7 @@ from .conf import setting, tasks_backend_aliases
 from .engine.reach import unreachable
 from .exceptions import NotFound, TubeError
 from .models import JobBoard, Tube
+from .models.operating import TASKS_TUBE_PREFIXES
 from .task_options import TaskloopTask, task_key
 from .validation import check_aliases
 
@@ -52,12 +53,15 @@ __all__ = [
     "ShardedTube",
     "board",
     "databases_of",
+    "everywhere",
+    "homes",
     "is_sharded",
     "open_tube",
     "pick",
     "shown",
     "tube",
     "tube_databases",
+    "whole",
 ]
 
 #: The workers' logger: open_tube's warning is about what a ``@tube`` handler asked for.
@@ -97,6 +101,38 @@ def shown(name: str, using: str) -> str:
     """Name tube ``name`` of database ``using`` for people: ``emails``, or ``emails@queue2`` on a
     database other than the router's."""
     return name if using == router.db_for_read(Tube) else f"{name}@{using}"
+
+
+def homes(model: Any, name: str) -> list[str]:
+    """Return the databases queue ``name`` of ``model`` (:class:`Tube` or :class:`JobBoard`) may
+    live in: its ``SHARDS`` entry; a Django Tasks queue's tube: every database that may hold
+    tubes (its backend's ``OPTIONS["DATABASES"]`` among them); else the router's."""
+    named = setting("SHARDS").get(name)
+    if named:
+        return list(named)
+    if model is Tube and name.startswith(TASKS_TUBE_PREFIXES):
+        return tube_databases()
+    return [router.db_for_read(model)]
+
+
+def everywhere(model: Any, name: str) -> list[Any]:
+    """Return queue ``name`` of ``model`` on each database that holds it (see :func:`homes`), in
+    that order: what the operator's verbs (pause, resume, retry) act on, so that they act on
+    the whole queue. ``name@alias``, as :func:`shown` writes one shard's, names that one only."""
+    base, at, alias = name.rpartition("@")
+    if at and base and alias in tube_databases():
+        return [found for found in [model.objects.using(alias).filter(name=base).first()] if found]
+    return [
+        found
+        for alias in homes(model, name)
+        if (found := model.objects.using(alias).filter(name=name).first()) is not None
+    ]
+
+
+def whole(queue: Any) -> list[Any]:
+    """Return tube or board ``queue`` (one database's) with its namesakes on the queue's other
+    shards: what pausing or resuming it acts on."""
+    return everywhere(type(queue), queue.name) or [queue]
 
 
 def is_sharded(name: str) -> bool:

@@ -303,3 +303,86 @@ def test_tubes_of_a_shard_that_was_down_at_start_are_prepared_before_a_poll_read
     tubes = [driver for driver in worker.drivers if driver.using == "other"]
     assert worker._not_worth_trying(tubes) == set(tubes)  # both empty, both opened
     assert not worker.parked.unprepared and "other" not in worker.parked.until
+
+
+# -- the operator's verbs act on the whole queue --------------------------------------------------
+
+
+def test_the_terminal_pauses_resumes_and_retries_a_sharded_tube_on_every_shard(sharded):
+    sharded.put_many([{"n": n} for n in range(4)])  # 2 on each shard
+    for alias in BOTH:  # one buried task on each shard
+        tube = sharded.shard(alias)
+        tube.bury(tube.take(consumer="me").id)
+    out = io.StringIO()
+    call_command("taskloop", "pause", "s-tube", stdout=out)
+    assert all(sharded.shard(alias).paused for alias in BOTH), out.getvalue()
+    call_command("taskloop", "resume", "s-tube", stdout=out)
+    assert not any(sharded.shard(alias).paused for alias in BOTH), out.getvalue()
+    # One shard by the name status shows for it: only that one.
+    call_command("taskloop", "pause", "s-tube@other", stdout=out)
+    assert sharded.shard("other").paused and not sharded.shard("default").paused
+    call_command("taskloop", "resume", "s-tube@other", stdout=out)
+    call_command("taskloop", "retry", "s-tube", "--all", stdout=out)
+    assert [on(alias).filter(state="r").count() for alias in BOTH] == [2, 2], out.getvalue()
+
+
+def test_a_sharded_tube_missing_from_the_routers_database_is_found_on_its_shards(settings):
+    settings.TASKLOOP = {"SHARDS": {"s-far": ["other"]}}
+    shards.tube("s-far").put({"n": 1})
+    assert not Tube.objects.using("default").filter(name="s-far").exists()
+    out = io.StringIO()
+    call_command("taskloop", "pause", "s-far", stdout=out)
+    assert Tube.objects.using("other").get(name="s-far").paused, out.getvalue()
+
+
+def test_the_admin_pauses_and_resumes_a_sharded_queue_on_every_shard(sharded, admin_client, settings):
+    from django.urls import reverse
+
+    from django_taskloop.models import JobBoard
+
+    settings.TASKLOOP = {"SHARDS": {"s-tube": BOTH, "s-board": BOTH}}
+    sharded.put_many([{"n": n} for n in range(2)])
+    jobs = shards.board("s-board")
+    jobs.post("a", {}), jobs.post("b", {})
+    dashboard_pause = reverse("admin:django_taskloop_pause")
+    admin_client.post(dashboard_pause, {"kind": "task", "queue": "s-tube", "do": "pause"})
+    assert all(sharded.shard(alias).paused for alias in BOTH)
+    admin_client.post(dashboard_pause, {"kind": "task", "queue": "s-tube", "do": "resume"})
+    assert not any(sharded.shard(alias).paused for alias in BOTH)
+    # The changelist's actions on the router's row of each.
+    tube = Tube.objects.get(name="s-tube")
+    board = JobBoard.objects.get(name="s-board")
+    tubes = reverse("admin:django_taskloop_tube_changelist")
+    boards = reverse("admin:django_taskloop_jobboard_changelist")
+    admin_client.post(tubes, {"action": "pause_tubes", "_selected_action": [tube.pk]})
+    admin_client.post(boards, {"action": "pause_boards", "_selected_action": [board.pk]})
+    assert all(sharded.shard(alias).paused for alias in BOTH)
+    assert all(jobs.shard(alias).paused for alias in BOTH)
+    admin_client.post(tubes, {"action": "resume_tubes", "_selected_action": [tube.pk]})
+    admin_client.post(boards, {"action": "resume_boards", "_selected_action": [board.pk]})
+    assert not any(sharded.shard(alias).paused for alias in BOTH)
+    assert not any(jobs.shard(alias).paused for alias in BOTH)
+
+
+def test_a_parked_shards_throughput_waits_for_it_without_a_warning_a_second(settings, caplog):
+    """A shard that is down is parked: the heartbeat's throughput flush leaves its counts for
+    when it is back instead of warning every second that it could not write them."""
+    from django_taskloop.models import Throughput
+
+    settings.TASKLOOP = {"SHARDS": {"s-tube": BOTH}}
+    worker = Worker([Handler("tube", "s-tube", print, "s-tube", create=UTUBE)], burst=False, schedule=False)
+    worker._prepare()
+    far = next(driver for driver in worker.drivers if driver.using == "other")
+    with unreachable("other"):
+        assert worker._park(far)
+        worker._record_throughput(far, 3, 1, 0)
+        with caplog.at_level(logging.DEBUG, logger="django_taskloop"):
+            worker._flush_throughput()
+            worker._flush_throughput()
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "unreachable" in said[0], said  # the parking's one line
+    assert not Throughput.objects.using("other").exists()
+    worker.parked.until.clear()  # back
+    worker._flush_throughput()
+    written = Throughput.objects.using("other").get(queue="s-tube")
+    assert (written.done, written.failed) == (3, 1)

@@ -17,7 +17,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
-from .. import engine
+from .. import engine, shards
 from ..exceptions import JobFailure
 from ..models.boards import BoardEntity, ConsumedJob, Job, JobBoard, JobPriority, JobQuerySet
 from ..stats import JOB_STATES, board_priorities, board_summary
@@ -416,13 +416,21 @@ class JobBoardAdmin(TaskloopModelAdmin):
     @admin.action(description=_("Pause: workers claim nothing from it"), permissions=["change"])
     def pause_boards(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         self.run_each(
-            request, queryset, lambda b: b.pause(), lambda b: f"board {b.name}", "Paused %(n)d board(s)."
+            request,
+            queryset,
+            lambda b: [each.pause() for each in shards.whole(b)],
+            lambda b: f"board {b.name}",
+            "Paused %(n)d board(s).",
         )
 
     @admin.action(description=_("Resume"), permissions=["change"])
     def resume_boards(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         self.run_each(
-            request, queryset, lambda b: b.resume(), lambda b: f"board {b.name}", "Resumed %(n)d board(s)."
+            request,
+            queryset,
+            lambda b: [each.resume() for each in shards.whole(b)],
+            lambda b: f"board {b.name}",
+            "Resumed %(n)d board(s).",
         )
 
     def get_readonly_fields(self, request: HttpRequest, obj: JobBoard | None = None) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy as _lazy
 from django.views.decorators.http import require_POST
 
-from .. import engine
+from .. import engine, shards
 from ..health import CleanupWatch, database_cleanup
 from ..models.boards import Job, JobBoard
 from ..models.operating import Failure, WorkerProcess, throughput_series
@@ -353,22 +353,23 @@ def _can_change(request: HttpRequest, site: admin.AdminSite, model: Any) -> bool
     return model_admin is not None and model_admin.has_change_permission(request)
 
 
-class _TubesOf:
-    """The existing tubes among ``names``, paused and resumed together (``None`` if none is)."""
+class _AllOf:
+    """Queues paused and resumed together: a Django Tasks queue's tubes, a tube's or a board's
+    shards (false if there is none)."""
 
-    def __init__(self, names: list[str]) -> None:
-        self.tubes = list(Tube.objects.filter(name__in=names))
+    def __init__(self, queues: list[Any]) -> None:
+        self.queues = queues
 
     def __bool__(self) -> bool:
-        return bool(self.tubes)
+        return bool(self.queues)
 
     def pause(self) -> None:
-        for tube in self.tubes:
-            tube.pause()
+        for queue in self.queues:
+            queue.pause()
 
     def resume(self) -> None:
-        for tube in self.tubes:
-            tube.resume()
+        for queue in self.queues:
+            queue.resume()
 
 
 @require_POST
@@ -378,13 +379,17 @@ def pause_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
     kind, queue, do = request.POST.get("kind"), request.POST.get("queue", ""), request.POST.get("do")
     model: Any = None
     target: Any = None
+    # A tube or a board on every shard that holds it (one database unless SHARDS names it).
     if kind == "task":
-        model, target = Tube, Tube.objects.filter(name=queue).first()
+        model, target = Tube, _AllOf(shards.everywhere(Tube, queue))
     elif kind == DJANGO_TASK:
         # A Django Tasks queue: both its tubes (its tasks and its keyed tasks).
-        model, target = Tube, _TubesOf([prefix + queue for prefix in TASKS_TUBE_PREFIXES])
+        model = Tube
+        target = _AllOf(
+            [t for prefix in TASKS_TUBE_PREFIXES for t in shards.everywhere(Tube, prefix + queue)]
+        )
     elif kind == "job":
-        model, target = JobBoard, JobBoard.objects.filter(name=queue).first()
+        model, target = JobBoard, _AllOf(shards.everywhere(JobBoard, queue))
     elif kind == "loop":
         model = next((m for m in loop_models() if m._meta.label_lower == queue), None)
         # A loop's pause()/resume() are its manager's verbs.

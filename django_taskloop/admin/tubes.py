@@ -24,7 +24,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder, NumericRangeFilterBuilder
 
-from .. import engine
+from .. import engine, shards
 from ..backends import result_id_of, short_result_id
 from ..models import TaskRecord
 from ..models.tubes import (
@@ -453,7 +453,11 @@ class TubeAdmin(TaskloopModelAdmin):
     @admin.action(description=_("Pause: workers take nothing from it"), permissions=["change"])
     def pause_tubes(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         self.run_each(
-            request, queryset, lambda tube: tube.pause(), lambda t: f"tube {t.name}", "Paused %(n)d tube(s)."
+            request,
+            queryset,
+            lambda tube: [each.pause() for each in shards.whole(tube)],
+            lambda t: f"tube {t.name}",
+            "Paused %(n)d tube(s).",
         )
 
     @admin.action(description=_("Resume"), permissions=["change"])
@@ -461,7 +465,7 @@ class TubeAdmin(TaskloopModelAdmin):
         self.run_each(
             request,
             queryset,
-            lambda tube: tube.resume(),
+            lambda tube: [each.resume() for each in shards.whole(tube)],
             lambda t: f"tube {t.name}",
             "Resumed %(n)d tube(s).",
         )

@@ -4,14 +4,17 @@ heartbeat's chores are due, and how an item is named in logs and the progress st
 from __future__ import annotations
 
 import re
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..models.operating import record_throughput
 from . import FailedForGood
 from .drivers import Driver
 
-__all__ = ["Batch", "Chores", "Tally", "count", "outcome", "progress_key"]
+__all__ = ["Batch", "Chores", "Tally", "ThroughputCounts", "count", "outcome", "progress_key"]
 
 
 @dataclass
@@ -23,6 +26,44 @@ class Tally:
     failed: int = 0
     given_back: int = 0
     seconds: float = 0.0
+
+
+class ThroughputCounts:
+    """What the batches settled since the last write of the throughput rows (the dashboard's
+    per-minute counts), per driver; the heartbeat writes them."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.lock = lock
+        self.pending: dict[Driver, list[int]] = {}
+
+    def add(self, driver: Driver, done: int, failed: int, given_back: int) -> None:
+        with self.lock:
+            counts = self.pending.setdefault(driver, [0, 0, 0])
+            counts[0] += done
+            counts[1] += failed
+            counts[2] += given_back
+
+    def flush(self, waits: Callable[[Driver], bool], failed: Callable[[Driver], None]) -> None:
+        """Write the counts (one row update per queue). Those of a driver that ``waits`` (its
+        shard is parked) stay for a later flush, as do those whose write fails (``failed``
+        is called, in the ``except`` block, to say so)."""
+        with self.lock:
+            pending, self.pending = self.pending, {}
+        for driver, (done, failed_items, given_back) in pending.items():
+            if not waits(driver):
+                try:
+                    record_throughput(
+                        driver.queue_kind,
+                        driver.queue,
+                        done=done,
+                        failed=failed_items,
+                        given_back=given_back,
+                        using=driver.using,
+                    )
+                    continue
+                except Exception:
+                    failed(driver)
+            self.add(driver, done, failed_items, given_back)  # next time, then
 
 
 @dataclass

@@ -27,10 +27,9 @@ from ..conf import setting
 from ..exceptions import DatabaseBusy
 from ..health import CleanupWatch
 from ..models import Failure, WorkerProcess
-from ..models.operating import record_throughput
 from ..reaper import format_report, reap
 from . import FailedForGood, Handler, StopNow, get_handlers, inside_user_code, shard_handlers
-from .batches import Batch, Chores, Tally, count, outcome, progress_key
+from .batches import Batch, Chores, Tally, ThroughputCounts, count, outcome, progress_key
 from .drivers import Driver, TubeDriver, make_driver, tubes_worth_trying
 from .outage import Outages, Parked, check_databases, drop_broken_connections, first_line, refuse_unmigrated
 from .stopping import StopEvent
@@ -93,7 +92,7 @@ class Worker:
         self.sizes: dict[Driver, int] = {}
         # Done / failed / given back per driver, not yet written: the heartbeat thread writes
         # them once a second (THROUGHPUT_EVERY), off the batches' path.
-        self.throughput: dict[Driver, list[int]] = {}
+        self.throughput = ThroughputCounts(self.inflight_lock)
         # What the running handlers reported (progress.report): the heartbeat writes it.
         self.progress: progress.Board[Driver] = progress.Board(progress_key)
         # A supervised child stops when its supervisor is gone (kill -9 of the supervisor);
@@ -754,29 +753,14 @@ class Worker:
 
     def _record_throughput(self, driver: Driver, done: int, failed: int, given_back: int) -> None:
         """Count what a batch settled; :meth:`_flush_throughput` writes it."""
-        with self.inflight_lock:
-            counts = self.throughput.setdefault(driver, [0, 0, 0])
-            counts[0] += done
-            counts[1] += failed
-            counts[2] += given_back
+        self.throughput.add(driver, done, failed, given_back)
 
     def _flush_throughput(self) -> None:
-        """Write the counts gathered since the last flush (one row update per queue)."""
-        with self.inflight_lock:
-            pending, self.throughput = self.throughput, {}
-        for driver, (done, failed, given_back) in pending.items():
-            try:
-                record_throughput(
-                    driver.queue_kind,
-                    driver.queue,
-                    done=done,
-                    failed=failed,
-                    given_back=given_back,
-                    using=driver.using,
-                )
-            except Exception:
-                self._log_error("could not record the throughput of %s", driver.describe_queue())
-                self._record_throughput(driver, done, failed, given_back)  # next time, then
+        """Write the counts gathered since the last flush; a parked shard's wait for it."""
+        self.throughput.flush(
+            self.parked.quiet,
+            lambda driver: self._log_error("could not record the throughput of %s", driver.describe_queue()),
+        )
 
     def write_progress(self) -> None:
         """Write what the handlers reported (at most once a second) and renew the leases of

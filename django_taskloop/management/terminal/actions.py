@@ -6,13 +6,14 @@ state its retry needs, is :class:`~.text.BadInput` and nothing changes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
-from django_taskloop import engine
+from django_taskloop import engine, shards
 from django_taskloop.backends import taskloop_backends
 from django_taskloop.compat import TaskResultDoesNotExist
 from django_taskloop.conf import tasks_backend_aliases
@@ -37,12 +38,21 @@ def _task_ids(ids: list[str]) -> list[int]:
 
 
 def _retry_tube(queue: Queue, ids: list[str], every: bool) -> list[str]:
-    """Kick the buried tasks ``ids`` of a tube (or every buried one) back to ready."""
+    """Kick the buried tasks ``ids`` of a tube (or every buried one, on every shard) back to
+    ready. Task ids are a shard's own: a sharded tube's are named with its shard's name."""
     tube = queue.source
     if every:
-        buried = tube.tasks.buried().count()
-        kicked = tube.kick(buried) if buried else 0
+        kicked = 0
+        for shard in queue.everywhere:
+            buried = shard.tasks.buried().count()
+            kicked += shard.kick(buried) if buried else 0
         return [f"kicked {plural(kicked, 'buried task')} of {queue.label} back to ready"]
+    if len(queue.everywhere) > 1:
+        names = " or ".join(shards.shown(queue.name, shard._state.db) for shard in queue.everywhere)
+        raise BadInput(
+            f"{queue.label} is spread over {len(queue.everywhere)} databases, each with task ids of "
+            f"its own: name the one that holds them ({names})"
+        )
     wanted = _task_ids(ids)
     states = dict(tube.tasks.filter(pk__in=wanted).values_list("pk", "state"))
     buried = set(tube.tasks.filter(pk__in=wanted).buried().values_list("pk", flat=True))
@@ -58,7 +68,21 @@ def _retry_tube(queue: Queue, ids: list[str], every: bool) -> list[str]:
 
 
 def _retry_board(queue: Queue, ids: list[str], every: bool) -> list[str]:
-    """Re-post the trashed jobs ``ids`` of a board (or every trashed job not re-posted yet)."""
+    """Re-post the trashed jobs ``ids`` of a board (or every trashed job not re-posted yet), on
+    every shard that holds them."""
+    if len(queue.everywhere) > 1:
+        # Sharded: each shard re-posts its own (a job's uuid is unique across shards).
+        lines: list[str] = []
+        left = list(ids)
+        for board in queue.everywhere:
+            mine = ids if every else [u for u in left if board.jobs.filter(uuid=u).exists()]
+            left = [u for u in left if u not in mine]
+            if every or mine:
+                one = dataclasses.replace(queue, source=board, shards=())
+                lines += [line for line in _retry_board(one, mine, every) if not line.startswith("no ")]
+        if left:
+            raise BadInput(f"no job {left[0]} on {queue.label}")
+        return lines or [f"no trashed job on {queue.label} to re-post"]
     board = queue.source
     jobs = board.jobs.all()
     if every:
@@ -181,12 +205,13 @@ def retry(queue: Queue, ids: list[str], every: bool) -> list[str]:
 
 
 def _pause_targets(queue: Queue) -> list[Any]:
-    """What ``pause()``/``resume()`` are called on: a Django Tasks queue's tubes, both."""
+    """What ``pause()``/``resume()`` are called on: a Django Tasks queue's tubes, both; a tube or
+    a board on every shard."""
     if queue.kind == DJANGO_TASK:
         return list(queue.tubes)
     if queue.kind == "loop":
         return [queue.source._default_manager]
-    return [queue.source]
+    return list(queue.everywhere)
 
 
 def _paused(target: Any) -> bool:

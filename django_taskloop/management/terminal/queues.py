@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from django_taskloop import shards
 from django_taskloop.models import JobBoard, TaskLoop, Tube
 from django_taskloop.stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, django_tasks_queue, loop_models
 
@@ -33,8 +34,16 @@ class Queue:
     name: str
     #: The tube, the board, or the loop's model.
     source: Any
-    #: A Django Tasks queue's tubes (its tasks, its keyed tasks: those that exist).
+    #: A Django Tasks queue's tubes (its tasks, its keyed tasks: those that exist, on every
+    #: database that holds them).
     tubes: tuple[Tube, ...] = ()
+    #: A tube's or a board's every shard (``source`` is the first): what the verbs act on.
+    shards: tuple[Any, ...] = ()
+
+    @property
+    def everywhere(self) -> tuple[Any, ...]:
+        """The tube or board on every database that holds it (one, unless sharded)."""
+        return self.shards or (self.source,)
 
     @property
     def label(self) -> str:
@@ -52,19 +61,19 @@ def _loop(name: str) -> type[TaskLoop] | None:
 
 
 def _candidates(kind: str | None, name: str) -> list[Queue]:
-    """Every queue of ``kind`` (any kind if ``None``) that is called ``name``."""
+    """Every queue of ``kind`` (any kind if ``None``) that is called ``name`` (a tube or a board
+    on every database that holds it; ``name@alias``: that shard's only)."""
     found = []
-    if kind in (None, "task") and (tube := Tube.objects.filter(name=name).first()) is not None:
+    if kind in (None, "task") and (tubes := shards.everywhere(Tube, name)):
         if kind == "task" or django_tasks_queue(name) is None:
-            found.append(Queue("task", name, tube))
+            found.append(Queue("task", name, tubes[0], shards=tuple(tubes)))
     if kind in (None, DJANGO_TASK):
-        tubes = Tube.objects.filter(name__in=[prefix + name for prefix in TASKS_TUBE_PREFIXES])
-        # The plain tube (its tasks) first: by name the keyed one sorts first.
-        ordered = sorted(tubes, key=lambda tube: not tube.name.startswith(TASKS_TUBE_PREFIXES[0]))
+        # The plain tube (its tasks) first, then the keyed one; each on every shard.
+        ordered = [tube for prefix in TASKS_TUBE_PREFIXES for tube in shards.everywhere(Tube, prefix + name)]
         if ordered:
             found.append(Queue(DJANGO_TASK, name, ordered[0], tuple(ordered)))
-    if kind in (None, "job") and (board := JobBoard.objects.filter(name=name).first()) is not None:
-        found.append(Queue("job", name, board))
+    if kind in (None, "job") and (boards := shards.everywhere(JobBoard, name)):
+        found.append(Queue("job", name, boards[0], shards=tuple(boards)))
     if kind in (None, "loop") and (model := _loop(name)) is not None:
         found.append(Queue("loop", model._meta.label_lower, model))
     return found
