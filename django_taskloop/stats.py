@@ -19,6 +19,7 @@ from django.db import router
 from django.db.models import Count, Q, QuerySet, Sum
 
 from . import engine, shards
+from .conf import setting
 from .models import (
     KINDS,
     Failure,
@@ -224,7 +225,7 @@ def board_summary(
     return QueueSummary(
         kind="job",
         name=board.name,
-        title=board.name,
+        title=shards.shown(board.name, using),
         using=using,
         source=board,
         counts=counts,
@@ -305,11 +306,13 @@ def loop_models() -> list[type[TaskLoop]]:
     return [m for m in apps.get_models() if issubclass(m, TaskLoop) and not m._meta.proxy]
 
 
-def processed_last_hour() -> dict[tuple[str, str], tuple[int, int]]:
+def processed_last_hour(using: str | None = None) -> dict[tuple[str, str], tuple[int, int]]:
     """Return ``{(kind, queue): (done, failed)}``: the items workers settled in the last hour,
-    and those whose handler raised (one grouped read of the per-minute throughput rows)."""
+    and those whose handler raised (one grouped read of the per-minute throughput rows of
+    database ``using``, default the router's: a shard's workers write on the shard)."""
     rows = (
-        Throughput.objects.filter(minute__gte=engine.DbNow(-3600))
+        Throughput.objects.using(using or router.db_for_read(Throughput))
+        .filter(minute__gte=engine.DbNow(-3600))
         .values_list("kind", "queue")
         .annotate(done_sum=Sum("done"), failed_sum=Sum("failed"))
         .values_list("kind", "queue", "done_sum", "failed_sum")
@@ -317,10 +320,12 @@ def processed_last_hour() -> dict[tuple[str, str], tuple[int, int]]:
     return {(kind, queue): (done or 0, failed or 0) for kind, queue, done, failed in rows}
 
 
-def failures_last_hour() -> dict[tuple[str, str], int]:
-    """Return ``{(kind, queue): failures}`` of the last hour (one grouped read of an index)."""
+def failures_last_hour(using: str | None = None) -> dict[tuple[str, str], int]:
+    """Return ``{(kind, queue): failures}`` of the last hour (one grouped read of an index) on
+    database ``using``, default the router's (a shard's workers record its failures there)."""
     rows = (
-        Failure.objects.filter(at__gte=engine.DbNow(-3600))
+        Failure.objects.using(using or router.db_for_read(Failure))
+        .filter(at__gte=engine.DbNow(-3600))
         .values_list("kind", "queue")
         .annotate(n=Count("pk"))
         .values_list("kind", "queue", "n")
@@ -397,13 +402,19 @@ def queue_summaries(
     unknown = [kind for kind in kinds if kind not in KINDS]
     if unknown:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {unknown[0]!r}")
-    failed = failures_last_hour()
     clocks: dict[str, dt.datetime] = {}
+    failures: dict[str, dict[tuple[str, str], int]] = {}
 
     def clock(using: str) -> dt.datetime:
         if using not in clocks:
             clocks[using] = engine.db_now(using)
         return clocks[using]
+
+    def failed(using: str, kind: str, name: str) -> int:
+        # Each database's own failures: a shard's are recorded on it.
+        if using not in failures:
+            failures[using] = failures_last_hour(using)
+        return failures[using].get((kind, name), 0)
 
     summaries: list[QueueSummary] = []
     for kind in kinds:
@@ -413,23 +424,34 @@ def queue_summaries(
                 for tube in Tube.objects.using(using).order_by("name")[:limit]:
                     summaries.append(
                         tube_summary(
-                            tube, cap=cap, now=clock(using), failures=failed.get(("task", tube.name), 0)
+                            tube, cap=cap, now=clock(using), failures=failed(using, "task", tube.name)
                         )
                     )
         elif kind == "job":
-            for board in JobBoard.objects.order_by("name")[:limit]:
-                now = clock(board._state.db or router.db_for_read(Job))
-                summaries.append(
-                    board_summary(board, cap=cap, now=now, failures=failed.get(("job", board.name), 0))
-                )
+            # Likewise a board that SHARDS spreads: one summary per shard.
+            for using in _board_databases():
+                for board in JobBoard.objects.using(using).order_by("name")[:limit]:
+                    summaries.append(
+                        board_summary(
+                            board, cap=cap, now=clock(using), failures=failed(using, "job", board.name)
+                        )
+                    )
         else:
             for model in loop_models() if loops is None else loops:
                 label = model._meta.label_lower
-                now = clock(model._default_manager.db)
+                using = model._default_manager.db
                 summaries.append(
-                    loop_summary(model, cap=cap, now=now, failures=failed.get(("loop", label), 0))
+                    loop_summary(model, cap=cap, now=clock(using), failures=failed(using, "loop", label))
                 )
     return summaries
+
+
+def _board_databases() -> list[str]:
+    """The router's database for boards, then each alias ``SHARDS`` names."""
+    found = [router.db_for_read(JobBoard)]
+    for aliases in setting("SHARDS").values():
+        found.extend(aliases)
+    return list(dict.fromkeys(found))
 
 
 def merge_django_tasks(summaries: Iterable[QueueSummary]) -> list[QueueSummary]:
@@ -451,7 +473,13 @@ def merge_django_tasks(summaries: Iterable[QueueSummary]) -> list[QueueSummary]:
         if key not in at:
             at[key] = len(merged)
             merged.append(
-                dataclasses.replace(summary, kind=DJANGO_TASK, name=queue, title=queue, tubes=(tube,))
+                dataclasses.replace(
+                    summary,
+                    kind=DJANGO_TASK,
+                    name=queue,
+                    title=shards.shown(queue, summary.using),
+                    tubes=(tube,),
+                )
             )
             continue
         first = merged[at[key]]

@@ -386,3 +386,48 @@ def test_a_parked_shards_throughput_waits_for_it_without_a_warning_a_second(sett
     worker._flush_throughput()
     written = Throughput.objects.using("other").get(queue="s-tube")
     assert (written.done, written.failed) == (3, 1)
+
+
+def test_the_dashboard_and_status_count_each_shards_own_failures_and_name_each_shard(
+    sharded, admin_client, sharded_tasks
+):
+    """Failures and throughput are written on the shard's own database: each shard's row
+    counts its own (they had repeated the router's on every shard), its title names the
+    shard (a Django Tasks queue's too), and only the router's rows link to the admin's tube
+    pages (which read that database: a shard's tube id named another tube there)."""
+    from django.urls import reverse
+
+    from django_taskloop.models import Failure
+    from django_taskloop.stats import DJANGO_TASK, merge_django_tasks, queue_summaries
+    from tests import testing_tasks as t
+
+    keys = {
+        alias: [k for k in (f"k{n}" for n in range(40)) if shards.pick(BOTH, k) == alias] for alias in BOTH
+    }
+    for key in keys["default"][:3] + keys["other"][:1]:
+        sharded.put({"key": key}, utube=key)
+
+    def fail(task: Any) -> None:
+        raise RuntimeError("no")
+
+    handler = Handler("tube", "s-tube", fail, "s-tube", create=UTUBE)
+    Worker([handler], burst=True, schedule=False).run()
+    t.record.enqueue("r0"), t.record.enqueue("r1")  # one per shard
+    mine = {s.using: s for s in queue_summaries(["task"]) if s.name == "s-tube"}
+    # Each shard's own rows (3 tasks failed on one, 1 on the other; a burst may retry some).
+    own = {alias: Failure.objects.using(alias).filter(queue="s-tube").count() for alias in BOTH}
+    assert own["default"] >= 3 and own["other"] >= 1 and own["default"] != own["other"], own
+    assert {alias: s.failures_last_hour for alias, s in mine.items()} == own
+    titles = {s.title for s in merge_django_tasks(queue_summaries(["task"])) if s.kind == DJANGO_TASK}
+    assert titles == {"default", "default@other"}, titles
+    page = admin_client.get(reverse("admin:django_taskloop_dashboard")).content.decode()
+    router_tube = Tube.objects.using("default").get(name="s-tube")
+    assert f'tube__id__exact={router_tube.pk}">s-tube</a>' in page
+    assert '<th scope="row">s-tube@other<small' in page  # named, not linked
+    assert '<th scope="row">default@other<small' in page
+    out = io.StringIO()
+    call_command("taskloop", "status", stdout=out)
+    rows = {
+        line.split()[0]: line.split() for line in out.getvalue().splitlines() if line.startswith("s-tube")
+    }
+    assert set(rows) == {"s-tube", "s-tube@other"}, out.getvalue()

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db import router
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
@@ -185,8 +186,21 @@ def _card_links(summary: QueueSummary, site: admin.AdminSite) -> dict[str, Any]:
 
 
 def _card(summary: QueueSummary, request: HttpRequest, site: admin.AdminSite) -> dict[str, Any]:
-    """Return one queue's card: its links, state rows, charts and failures of the last hour."""
+    """Return one queue's card: its links, state rows, charts and failures of the last hour.
+
+    A shard on a database other than the router's (``emails@queue2``) is named without links:
+    the admin's tube, board, task and failure pages read the router's database, where its
+    ids name other rows."""
     links = _card_links(summary, site)
+    model: Any = type(summary.source)
+    shard = summary.kind != "loop" and summary.using != router.db_for_read(model)
+    if shard:
+        links = {
+            **links,
+            "list_url": None,
+            "stats_url": None,
+            "tubes": [(n, None) for n, _u in links.get("tubes", [])],
+        }
     cards = {"loop": _loop_card, "job": _board_card, "task": _tube_card, DJANGO_TASK: _tasks_card}
     body = cards[summary.kind](summary)
     failures_url = _url(site, Failure, "changelist")
@@ -203,7 +217,9 @@ def _card(summary: QueueSummary, request: HttpRequest, site: admin.AdminSite) ->
         "tubes": links.get("tubes", []),
         "latency": summary.oldest_ready,
         "failures": summary.failures_last_hour,
-        "failures_url": f"{failures_url}?queue={summary.kind}:{summary.name}" if failures_url else None,
+        "failures_url": f"{failures_url}?queue={summary.kind}:{summary.name}"
+        if failures_url and not shard
+        else None,
         **body,
     }
 
@@ -263,11 +279,24 @@ def _queue_row(summary: QueueSummary, card: dict[str, Any], processed: Any) -> d
     }
 
 
+def _every_database(since: float, bucket: int) -> list[tuple[Any, int, int, int]]:
+    """Return ``throughput_series`` of every queue, added up over every database that holds
+    queues (a shard's workers write their throughput on the shard), on the router's buckets."""
+    series = [throughput_series("*", None, since, bucket, using=using) for using in shards.tube_databases()]
+    total = {moment: [done, failed, back] for moment, done, failed, back in series[0]}
+    for other in series[1:]:
+        for moment, done, failed, back in other:
+            if moment in total:
+                for slot, n in enumerate((done, failed, back)):
+                    total[moment][slot] += n
+    return [(moment, *values) for moment, values in total.items()]
+
+
 def _throughput_charts() -> list[SafeString]:
     """Return the processed-items charts of the last hour and day (none if the day was idle);
     the day's axis names the dates."""
-    hour = throughput_series("*", None, 3600, 60)
-    day = throughput_series("*", None, 24 * 3600, 1800)
+    hour = _every_database(3600, 60)
+    day = _every_database(24 * 3600, 1800)
     if not any(done or failed or back for _t, done, failed, back in day):
         return []
     return [
@@ -329,8 +358,12 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
     """Return the cards of the dashboard: what the user may see of loops, boards and tubes."""
     summaries = _visible_summaries(request, site)
     cards = [_card(summary, request, site) for summary in summaries]
-    processed = processed_last_hour()
-    rows = [_queue_row(summary, card, processed) for summary, card in zip(summaries, cards, strict=True)]
+    # Each database's own throughput rows: a shard's workers write theirs on the shard.
+    processed = {using: processed_last_hour(using) for using in dict.fromkeys(s.using for s in summaries)}
+    rows = [
+        _queue_row(summary, card, processed[summary.using])
+        for summary, card in zip(summaries, cards, strict=True)
+    ]
     rows.sort(key=lambda row: bool(row["empty"]))
     databases = _databases()
     # Queues with work first; empty ones last, small.

@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.db.models import QuerySet
-
-from django_taskloop import engine
+from django_taskloop import engine, shards
 from django_taskloop.models import Failure
 from django_taskloop.stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, shown_queue
 
@@ -26,22 +24,31 @@ WIDTH = 100
 MIN_MESSAGE = 30
 
 
-def failures(queue: Queue | None, since: float | None, limit: int) -> QuerySet[Failure]:
+def failures(queue: Queue | None, since: float | None, limit: int) -> list[Failure]:
     """Return the latest ``limit`` failures, newest first, of ``queue`` (every queue if
-    ``None``) in the last ``since`` seconds (ever if ``None``)."""
+    ``None``) in the last ``since`` seconds (ever if ``None``), from every database that holds
+    the queue (a shard's workers record its failures on it)."""
     rows = Failure.objects.order_by("-at", "-pk")
     if queue is not None and queue.kind == DJANGO_TASK:
-        rows = rows.filter(kind="task", queue__in=[prefix + queue.name for prefix in TASKS_TUBE_PREFIXES])
+        rows = rows.filter(
+            kind="task", queue__in=[prefix + queue.name.partition("@")[0] for prefix in TASKS_TUBE_PREFIXES]
+        )
+        databases = [str(tube._state.db) for tube in queue.tubes]
     elif queue is not None:
-        rows = rows.filter(kind=queue.kind, queue=queue.name)
+        rows = rows.filter(kind=queue.kind, queue=getattr(queue.source, "name", queue.name))
+        databases = [str(each._state.db) for each in queue.everywhere] if queue.kind != "loop" else []
+    else:
+        databases = shards.tube_databases()
     if since is not None:
         rows = rows.filter(at__gte=engine.DbNow(-since))
-    return rows[:limit]
+    found = [f for using in dict.fromkeys(databases or [rows.db]) for f in rows.using(using)[:limit]]
+    return sorted(found, key=lambda f: (f.at, f.pk), reverse=True)[:limit]
 
 
 def _where(failure: Failure) -> tuple[str, str]:
-    """The failure's ``(kind, queue)`` as the read model names it."""
-    return shown_queue(failure.kind, failure.queue)
+    """The failure's ``(kind, queue)`` as the read model names it (``emails@queue2``: a shard's)."""
+    kind, queue = shown_queue(failure.kind, failure.queue)
+    return kind, queue if kind == "loop" else shards.shown(queue, failure._state.db or "default")
 
 
 def failures_lines(found: list[Failure], *, tracebacks: bool = False) -> list[str]:

@@ -55,7 +55,8 @@ def summaries(queues: Iterable[Queue] = (), *, cap: int | None = COUNT_CAP) -> l
     """Return the summary of every queue, or only of ``queues`` (counts up to ``cap``)."""
     wanted = {(q.kind, q.name) for q in queues}
     found = merge_django_tasks(queue_summaries(cap=cap))
-    return [s for s in found if not wanted or (s.kind, s.name) in wanted]
+    # A queue by its name: every shard of it; ``emails@queue2``: that shard.
+    return [s for s in found if not wanted or {(s.kind, s.name), (s.kind, s.title)} & wanted]
 
 
 def _count(summary: QueueSummary, state: str) -> str:
@@ -80,7 +81,7 @@ def status_lines(found: list[QueueSummary], serving: dict[tuple[str, str], int])
         return ["No queues yet: no tube, job board, Django Tasks queue or loop model."]
     lines: list[str] = []
     # One width for the name column of every table, so that the tables line up.
-    width = max(len(s.name) for s in found)
+    width = max(len(shards.shown(s.name, s.using)) for s in found)
     for kind, title, states in SECTIONS:
         mine = [s for s in found if s.kind == kind]
         if not mine:
@@ -95,9 +96,12 @@ def status_lines(found: list[QueueSummary], serving: dict[tuple[str, str], int])
     paused = sum(1 for s in found if s.paused)
     failed = sum(s.failures_last_hour for s in found)
     alive = WorkerProcess.objects.alive().count()
+    # A sharded queue is one queue in several rows (one per shard).
+    queues = len({(s.kind, s.name) for s in found})
+    spread = f" in {len(found)} shards" if queues < len(found) else ""
     lines += [
         "",
-        f"{plural(len(found), 'queue')} ({paused} paused), {plural(failed, 'failure')} in the last hour, "
+        f"{plural(queues, 'queue')}{spread} ({paused} paused), {plural(failed, 'failure')} in the last hour, "
         f"{plural(alive, 'live worker process', 'live worker processes')}; at {found[0].now:%Y-%m-%d %H:%M:%S %Z}",
     ]
     return lines
