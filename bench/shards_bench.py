@@ -12,7 +12,13 @@ noisy minute hurts both alike.
 
 Printed per variant: the drain rate, the workers' CPU per job (user + system of the worker
 processes) and the database server's CPU per job (mariadbd, or the postmaster with every
-backend), medians over the rounds, then the load average. On one machine the shards share
+backend), medians over the rounds, then the load average.
+
+Beside them, in the same rounds, the same pattern in plain SQL through Django's cursors (no
+taskloop): each process runs ``--raw`` transactions of a batch's shape (read 100 rows, update
+one row of its own, commit), on one database or taking the three in turn. Their ratio is what
+going round three connections costs a process on this machine by itself, whatever runs the
+SQL; taskloop's ratio over it is what the shards cost beyond that. On one machine the shards share
 its cores, so three shards cannot drain faster than one here; what they must not do is drain
 slower. What N shards on N servers give follows from the server CPU per job (see
 docs/benchmarks.md, "Shards").
@@ -50,7 +56,7 @@ for _n, _alias in enumerate(SHARDS):
     settings.DATABASES[_alias] = {**_default, "NAME": _name, "TEST": {"NAME": _name}}
 
 from django.core.management import call_command  # noqa: E402
-from django.db import connections  # noqa: E402
+from django.db import connections, transaction  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 
 from django_taskloop.models import Task, Tube  # noqa: E402
@@ -75,6 +81,10 @@ def make_databases() -> None:
     default.settings_dict["NAME"] = settings.DATABASES["default"]["NAME"] = home
     for alias in ["default", *SHARDS]:
         call_command("migrate", database=alias, verbosity=0)
+    for alias in SHARDS:  # the plain-SQL rounds' table: 1,000 rows
+        with connections[alias].cursor() as cursor:
+            cursor.execute("CREATE TABLE bench_raw (id integer PRIMARY KEY, n integer NOT NULL)")
+            cursor.executemany("INSERT INTO bench_raw (id, n) VALUES (%s, 0)", [(i,) for i in range(1000)])
     connections.close_all()
 
 
@@ -111,6 +121,37 @@ def work(ready) -> None:
     handler = Handler("tube", TUBE, lambda task: None, TUBE, batch=100, create={"type": "fifottl"})
     Worker([handler], burst=True, schedule=False).run()
     connections.close_all()
+
+
+def raw_work(ready, databases: list[str], transactions: int, me: int) -> None:
+    """Plain SQL of a batch's shape, through Django's cursors: read 100 rows, update one row of
+    this process's own, commit; each transaction on the next of ``databases``."""
+    ready.wait()
+    for n in range(transactions):
+        alias = databases[n % len(databases)]
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            cursor.execute("SELECT id, n FROM bench_raw WHERE id >= %s ORDER BY id LIMIT 100", [n % 900])
+            cursor.fetchall()
+            cursor.execute("UPDATE bench_raw SET n = n + 1 WHERE id = %s", [me])
+    connections.close_all()
+
+
+def raw_round(databases: list[str], transactions: int, processes: int) -> float:
+    """Transactions a second of ``processes`` running :func:`raw_work` over ``databases``."""
+    connections.close_all()  # no connection of this process's is shared with its children
+    context = multiprocessing.get_context("fork")
+    ready = context.Event()
+    children = [
+        context.Process(target=raw_work, args=(ready, databases, transactions, me)) for me in range(processes)
+    ]
+    for child in children:
+        child.start()
+    time.sleep(0.5)
+    started = time.perf_counter()
+    ready.set()
+    for child in children:
+        child.join()
+    return transactions * processes / (time.perf_counter() - started)
 
 
 def server_cpu() -> float:
@@ -174,14 +215,17 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--raw", type=int, default=4000, help="plain-SQL transactions per process")
     args = parser.parse_args()
     make_databases()
     variants = {"1 shard": SHARDS[:1], "3 shards": SHARDS}
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    raw: dict[str, list[float]] = {name: [] for name in variants}
     load = os.getloadavg()
     for _ in range(args.rounds):
         for name, databases in variants.items():
             samples[name].append(drain(databases, args.tasks, args.processes))
+            raw[name].append(raw_round(databases, args.raw, args.processes))
     vendor = connections["default"].vendor
     print(f"{vendor}: {args.tasks} tasks, {args.processes} worker processes, {args.rounds} rounds (medians)")
     print(f"{'':<9}  {'jobs/s':>8}  {'(range)':>17}  {'worker CPU µs/job':>18}  {'server CPU µs/job':>18}")
@@ -196,7 +240,14 @@ def main() -> None:
         run["rate"] for run in samples["1 shard"]
     )
     after = os.getloadavg()
-    print(f"3 shards / 1 shard: {ratio:.2f}x")
+    plain = statistics.median(raw["3 shards"]) / statistics.median(raw["1 shard"])
+    for name, rates in raw.items():
+        print(
+            f"plain SQL, {name}: {statistics.median(rates):8.0f} transactions/s ({min(rates):.0f}–{max(rates):.0f})"
+        )
+    print(
+        f"3 shards / 1 shard: {ratio:.2f}x (plain SQL: {plain:.2f}x; taskloop over plain: {ratio / plain:.2f}x)"
+    )
     print(
         f"load average at the start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at the end {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}"
     )
