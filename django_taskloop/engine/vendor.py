@@ -76,9 +76,15 @@ class Features:
 #: scan of a whole index whose last column is the key looked as cheap as a primary-key lookup
 #: per row, a minute in steady churn; the tube's indexes are therefore such that a settle's
 #: filter implies the predicate of none but the primary key: see ``Task.Meta.indexes``.)
+#:
+#: And no JIT compilation in those transactions: a plan that still needs a disabled node (a
+#: keyed claim's subquery) is priced at about 1e10, far above ``jit_above_cost``, so at
+#: PostgreSQL's default ``jit = on`` LLVM compiled every keyed claim and settle, 0.3–0.7 s each
+#: for statements that run in a millisecond (tests/test_jit_plans.py). Ours are short; JIT never
+#: pays for them. All four are ``is_local``: the user's other transactions keep their settings.
 PIN_POSTGRESQL_PLANS = (
     "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), "
-    "set_config('enable_sort', 'off', true)"
+    "set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
 )
 
 
