@@ -59,6 +59,10 @@ VENV_OF = {"taskloop": "taskloop", "raw": "taskloop", "tasksdb": "tasksdb", "q2"
 # -- the plan ------------------------------------------------------------------------------
 
 
+#: The ``kinds`` scenario's queues (bench/scenarios.py), in the report's order.
+KINDS = ("fifo", "fifottl", "utube", "utubettl", "tasks", "tasks-keyed")
+
+
 @dataclass
 class Step:
     """One scenario of one system on one database, repeated ``repeats`` times."""
@@ -105,6 +109,13 @@ def plan(quick: bool, databases: list[str], systems: list[str]) -> list[Step]:
                     steps.append(
                         Step(system, db, "drain", {"jobs": drain_jobs, "processes": n}, reps(n), "workers", n)
                     )
+                # Every kind of queue (issue 39: keyed ones were 20-40x slower on a stock
+                # PostgreSQL); boards and loops have their own steps below.
+                kind_jobs = 2000 if quick else 6000
+                for kind in KINDS:
+                    jobs = kind_jobs // 2 if kind.startswith("tasks") else kind_jobs
+                    kind_args = {"kind": kind, "jobs": jobs, "processes": 4}
+                    steps.append(Step(system, db, "kinds", kind_args, 1, kind, 4))
                 # More jobs for ours: put_many of 200 is over in a few milliseconds.
                 steps.append(Step(system, db, "enqueue", {"jobs": 500 if quick else 2000}, top))
                 steps.append(Step(system, db, "latency", {"samples": samples, "gap": 0.2}, 1))
@@ -442,6 +453,39 @@ def write_report(
         )
         lines.append("")
 
+    # Every kind of queue.
+    kind_rows = []
+    for db in databases:
+        got = {kind: rates(table, db, "taskloop", "kinds", kind, 4) for kind in KINDS}
+        if not any(got.values()):
+            continue
+        keyed = [
+            ratio(got[k], got[u])
+            for k, u in (("utube", "fifo"), ("utubettl", "fifottl"), ("tasks-keyed", "tasks"))
+        ]
+        kind_rows.append(
+            f"| {DB_LABELS[db]} | "
+            + " | ".join(fmt_rate(got[k]) for k in KINDS)
+            + " | "
+            + " / ".join(keyed)
+            + " |"
+        )
+    if kind_rows:
+        lines += [
+            "## Drain by kind of queue (`workers --burst`, 4 processes, jobs/s)",
+            "",
+            "Tubes of each type (keyed ones over 500 keys, one sub-queue each) and Django Tasks plain and "
+            "keyed (`key=`: `tasks-keyed.<queue>`, a `utubettl` tube), on each server at its stock settings "
+            "(PostgreSQL's `jit = on`). Target: keyed ≥ 0.5× unkeyed on the same database.",
+            "",
+            "| database | "
+            + " | ".join(KINDS)
+            + " | keyed / unkeyed (utube/fifo, utubettl/fifottl, tasks) |",
+            "|---|" + "---|" * (len(KINDS) + 1),
+            *kind_rows,
+            "",
+        ]
+
     # Loop and board.
     lines += [
         "## Loop `claim(100)` + `did`; board: `@board` workers and `claim_next` + `consume` "
@@ -671,7 +715,21 @@ def write_report(
             check(all(r["exactly_once"] for r in runs) if runs else None)
             + (f" ({len(runs)} runs)" if runs else "")
         )
+    keyed_drain = []
+    for db in databases:
+        pairs = [
+            (rates(table, db, "taskloop", "kinds", k, 4), rates(table, db, "taskloop", "kinds", u, 4))
+            for k, u in (("utube", "fifo"), ("utubettl", "fifottl"), ("tasks-keyed", "tasks"))
+        ]
+        measured = [(k, u) for k, u in pairs if k and u]
+        keyed_drain.append(
+            "–"
+            if not measured
+            else f"{min(k['median'] / u['median'] for k, u in measured):.2f}× (lowest) "
+            + check(all(ge(k, u, 0.5) for k, u in measured))
+        )
     target_rows = [
+        ("keyed drain ≥ 0.5× unkeyed (by kind)", keyed_drain),
         ("`put` ≥ 2× django-tasks-db's enqueue", put),
         ("Django Task `enqueue()` ≥ 1.5× django-tasks-db's", task_peer),
         ("Django Task `enqueue()` ≥ 0.7× raw SQL's one INSERT per call", task_raw),

@@ -10,6 +10,9 @@ Scenarios (each prints one ``BENCH {json}`` line for ``bench/run.py``):
   ``--jobs`` no-op tasks, run ``manage.py workers --burst --processes N --only bench`` until
   it exits, check every task ran exactly once; the workers' CPU time (user + system, start-up
   included) per job, in µs.
+- ``kinds``: ``drain`` on a queue of ``--kind``: a ``fifo``, ``fifottl``, ``utube`` or
+  ``utubettl`` tube (keyed ones over 500 keys), or Django Tasks, ``tasks`` or ``tasks-keyed``
+  (enqueued one at a time first); boards and loops have scenarios of their own below.
 - ``enqueue``: ``tube.put`` one at a time (``--jobs`` puts, each its own transaction),
   ``put_many`` of them all ("bulk"), the puts inside one ``transaction.atomic()``, and a
   Django Task's ``enqueue()`` one at a time.
@@ -168,6 +171,70 @@ def drain(jobs: int, processes: int, record_dir: Path, timeout: float) -> dict:
         "cpu_us_per_job": cpu / jobs * 1e6 if jobs else None,
         "exit_code": proc.returncode,
         "left": {k: v for k, v in left.items() if k in ("ready", "taken", "buried") and v},
+        **check_once(records, range(jobs)),
+    }
+
+
+#: The ``kinds`` scenario's queues: the tube (or Django Tasks queue) and ``--only`` of each.
+KINDS = {
+    "fifo": "bench-fifo",
+    "fifottl": TUBE,
+    "utube": "bench-utube",
+    "utubettl": "bench-utubettl",
+    "tasks": "kinds",
+    "tasks-keyed": "kinds",
+}
+#: Keyed kinds spread their tasks over this many keys (one sub-queue each).
+KEYS = 500
+
+
+def drain_kind(kind: str, jobs: int, processes: int, record_dir: Path, timeout: float) -> dict:
+    """``drain`` on a queue of each kind: a tube of each type (keyed ones over :data:`KEYS`
+    keys) and Django Tasks, plain and keyed, each drained by ``workers --burst --only <it>``.
+    Keyed kinds are the ones a server's defaults (PostgreSQL's JIT) once made 20–40× slower."""
+    from benchapp.taskloop import kinds_keyed_task, kinds_task
+
+    from django_taskloop.models import TaskRecord
+
+    only = KINDS[kind]
+    for name in ("tasks.kinds", "tasks-keyed.kinds"):
+        for tube in Tube.objects.filter(name=name):
+            tube.truncate()
+    TaskRecord.objects.all()._raw_delete(TaskRecord.objects.db)
+    if kind.startswith("tasks"):
+        enqueue_one = kinds_keyed_task.enqueue if kind == "tasks-keyed" else kinds_task.enqueue
+        for n in range(jobs):
+            enqueue_one(n)
+    else:
+        tube = Tube.objects.create_tube(only, kind, if_not_exists=True)
+        tube.truncate()
+        keyed = kind.startswith("utube")
+        for start in range(0, jobs, 2000):
+            Task.objects.bulk_create(
+                [
+                    Task(tube_id=tube.pk, data=n, state="r", pri=0, utube=f"k{n % KEYS}" if keyed else None)
+                    for n in range(start, min(jobs, start + 2000))
+                ]
+            )
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE taskloop_task")
+    connections.close_all()
+    started = time.perf_counter()
+    cpu = children_cpu()
+    proc = run_workers(processes, burst=True, record_dir=record_dir, only=only)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+    wall = time.perf_counter() - started
+    cpu = children_cpu() - cpu
+    records = read_records(record_dir)
+    return {
+        "rate": drain_rate(records),
+        "wall_rate": jobs / wall,
+        "cpu_us_per_job": cpu / jobs * 1e6 if jobs else None,
+        "exit_code": proc.returncode,
         **check_once(records, range(jobs)),
     }
 
@@ -527,9 +594,21 @@ def main() -> None:
     )
     parser.add_argument(
         "scenario",
-        choices=["setup", "drain", "enqueue", "latency", "loop", "board", "board_verbs", "growth", "startup"],
+        choices=[
+            "setup",
+            "drain",
+            "kinds",
+            "enqueue",
+            "latency",
+            "loop",
+            "board",
+            "board_verbs",
+            "growth",
+            "startup",
+        ],
     )
     parser.add_argument("--jobs", type=int, default=20000)
+    parser.add_argument("--kind", choices=sorted(KINDS), default="fifottl", help="kinds: the queue's kind")
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--samples", type=int, default=50)
@@ -548,6 +627,8 @@ def main() -> None:
         result: dict = {}
     elif args.scenario == "drain":
         result = drain(args.jobs, args.processes, record_dir, args.timeout)
+    elif args.scenario == "kinds":
+        result = drain_kind(args.kind, args.jobs, args.processes, record_dir, args.timeout)
     elif args.scenario == "enqueue":
         result = enqueue(args.jobs)
     elif args.scenario == "latency":

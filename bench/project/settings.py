@@ -37,7 +37,7 @@ try:
     import django.tasks  # noqa: F401
 except ImportError:
     INSTALLED_APPS.append("django_tasks")
-TASKS = {"default": {"BACKEND": "django_taskloop.backends.TaskloopBackend"}}
+TASKS = {"default": {"BACKEND": "django_taskloop.backends.TaskloopBackend", "QUEUES": ["default", "kinds"]}}
 
 LOGGING = {
     "version": 1,

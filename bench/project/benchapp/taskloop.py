@@ -19,6 +19,23 @@ def noop(task: Any) -> None:
     record(task.data)
 
 
+# The drain of every kind of queue (bench/scenarios.py ``kinds``): the same no-op on a tube of
+# each type (``bench``, above, is the fifottl one); keyed tubes get one sub-queue per key.
+@tube("bench-fifo", batch=100, type="fifo")
+def noop_fifo(task: Any) -> None:
+    record(task.data)
+
+
+@tube("bench-utube", batch=100, type="utube")
+def noop_utube(task: Any) -> None:
+    record(task.data)
+
+
+@tube("bench-utubettl", batch=100, type="utubettl")
+def noop_utubettl(task: Any) -> None:
+    record(task.data)
+
+
 @board("bench-board", batch=100)
 def noop_job(job: Any) -> None:
     """Run nothing; the record is the whole job."""
@@ -34,6 +51,18 @@ except ImportError:  # Django 5.2: the backport
 @task()
 def noop_task(n: int) -> None:
     """A Django Task that does nothing: the enqueue scenario times its ``enqueue()``."""
+
+
+@task(queue_name="kinds")
+def kinds_task(n: int) -> None:
+    """A Django Task that records its run: the ``kinds`` drain of Django Tasks."""
+    record(n)
+
+
+@task(queue_name="kinds", key=lambda n: f"k{n % 500}")
+def kinds_keyed_task(n: int) -> None:
+    """The same, keyed: one at a time per key, 500 keys (``tasks-keyed.kinds``)."""
+    record(n)
 
 
 @task()
