@@ -58,6 +58,16 @@ DEFAULTS: dict[str, Any] = {
     # Tubes spread over several databases: tube name → the DATABASES aliases of its shards
     # (see django_taskloop.shards). A tube not named here lives in one database.
     "SHARDS": {},
+    # Seconds a round trip of the package's own (a worker's claim, settle or heartbeat, the
+    # probe of a database found down, a keyed put on a shard) may take before the server counts
+    # as hung, like one that went away: the connection is shut down on the client (a stopped
+    # server enforces no timeout of its own), a shard is parked, a single database waited out.
+    # Also bounds the connections the package opens itself. 0: unbounded. A handler's own
+    # statements are never bounded.
+    "DATABASE_TIMEOUT": 5.0,
+    # Seconds a put with no key waits on one shard before it is tried on the next (the shard
+    # is left out of the turn for a while). Never more than DATABASE_TIMEOUT.
+    "SHARD_PUT_TIMEOUT": 1.0,
 }
 
 
@@ -128,6 +138,8 @@ RULES: dict[str, Callable[[Any, str], Any]] = {
     "SCHEDULE": _mapping,
     "TIME_ZONE": _zone,
     "SHARDS": _shards,
+    "DATABASE_TIMEOUT": _seconds(non_negative=True),
+    "SHARD_PUT_TIMEOUT": _seconds(positive=True),
 }
 
 

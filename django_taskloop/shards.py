@@ -38,9 +38,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connections, router
+from django.db import DatabaseError, connections, router, transaction
 
 from .conf import setting, tasks_backend_aliases
+from .engine.deadline import DeadlinePassed, bounded
 from .engine.reach import unreachable
 from .exceptions import NotFound, TubeError
 from .models import JobBoard, Tube
@@ -49,6 +50,7 @@ from .task_options import TaskloopTask, task_key
 from .validation import check_aliases
 
 __all__ = [
+    "PutUncertain",
     "ShardedBoard",
     "ShardedTube",
     "board",
@@ -66,6 +68,12 @@ __all__ = [
 
 #: The workers' logger: open_tube's warning is about what a ``@tube`` handler asked for.
 logger = logging.getLogger("django_taskloop.workers")
+
+
+class PutUncertain(DeadlinePassed):
+    """A put's shard stopped answering during its ``COMMIT``: it may or may not have been made
+    there (it is not made on another shard, which could make it twice)."""
+
 
 #: Seconds a shard that could not be reached stays out of the puts' turn.
 DOWN_FOR = 5.0
@@ -208,23 +216,60 @@ class _Sharded:
 
     def _on_some_shard(self, key: Any, verb: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``verb`` on the tube of the shard a put goes to; a shard that cannot be reached
-        is marked down and, unless ``key`` pins the put to it, the next shard is tried."""
+        (or does not answer within ``SHARD_PUT_TIMEOUT``) is marked down and, unless ``key``
+        pins the put to it, the next shard is tried. A put pinned by its key waits at most
+        ``DATABASE_TIMEOUT`` for its shard, then raises."""
         tried: list[str] = []
         while True:
             alias = pick([a for a in self.databases if a not in tried] or self.databases, key)
             try:
-                try:
-                    return getattr(self.shard(alias), verb)(*args, **kwargs)
-                except NotFound:  # dropped since: made again, once
-                    self._queues.pop(alias, None)
-                    return getattr(self.shard(alias), verb)(*args, **kwargs)
-            except DatabaseError:
-                if key is not None or unreachable(alias) is None:
+                return self._put_on(alias, key is None and len(self.databases) > 1, verb, *args, **kwargs)
+            except DatabaseError as error:
+                hung = isinstance(error, DeadlinePassed)
+                if (
+                    key is not None
+                    or isinstance(error, PutUncertain)
+                    or (not hung and unreachable(alias) is None)
+                ):
                     raise
                 mark_down(alias)
                 tried.append(alias)
                 if len(tried) == len(self.databases):
                     raise
+
+    def _put_on(self, alias: str, may_move: bool, verb: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``verb`` on shard ``alias``'s queue within a bounded time. A put that may move to
+        another shard (``may_move``) runs in a transaction of its own and waits at most
+        ``SHARD_PUT_TIMEOUT``: cut off before its ``COMMIT`` was sent, it cannot have been made
+        (the server rolls an unfinished transaction back when the connection ends), so it is
+        safe to make on the next shard; cut off during its ``COMMIT``, it raises
+        :class:`PutUncertain` instead. Inside a caller's transaction on ``alias`` it is the
+        caller's: not bounded."""
+        if connections[alias].in_atomic_block:
+            return self._call(alias, verb, *args, **kwargs)
+        if not may_move:
+            with bounded(alias):
+                return self._call(alias, verb, *args, **kwargs)
+        committing = False
+        try:
+            with bounded(alias, float(setting("SHARD_PUT_TIMEOUT"))), transaction.atomic(using=alias):
+                done = self._call(alias, verb, *args, **kwargs)
+                committing = True
+            return done
+        except DeadlinePassed as error:
+            if committing:
+                raise PutUncertain(
+                    f"{self.kind} {self.name!r}: shard {alias!r} did not answer the COMMIT of a "
+                    f"{verb} in time: it may or may not have been made there ({error})"
+                ) from error
+            raise
+
+    def _call(self, alias: str, verb: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.shard(alias), verb)(*args, **kwargs)
+        except NotFound:  # dropped since: made again, once
+            self._queues.pop(alias, None)
+            return getattr(self.shard(alias), verb)(*args, **kwargs)
 
 
 class ShardedTube(_Sharded):

@@ -31,6 +31,7 @@ from .claim import (
 )
 from .compiler import by_keys
 from .cursor import ClaimCursor, Resume
+from .deadline import DeadlinePassed, bounded
 from .insert import MissingRows, insert, insert_together
 from .kept import KEPT_STATEMENTS, add_to, delete_pks, delete_rows
 from .transactions import discard_if_broken, poll, run_in_transaction, write_transaction
@@ -61,6 +62,8 @@ from .vendor import (
 )
 
 __all__ = [
+    "bounded",
+    "DeadlinePassed",
     "by_keys",
     "DbNow",
     "Shifted",

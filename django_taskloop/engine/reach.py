@@ -1,20 +1,30 @@
-"""Whether a database can be reached now: one fresh connection, for workers that wait out an
-outage or leave a shard that is down aside."""
+"""Whether a database can be reached now, within a bounded time: for workers that wait out an
+outage or leave a shard that is down aside, and puts that move on to the next shard."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import DatabaseError, connections
+
+from .deadline import bounded
 
 __all__ = ["unreachable"]
 
 
 def unreachable(alias: str) -> DatabaseError | None:
-    """Return the error of a fresh connection to ``alias`` if it cannot be made, else ``None``
-    (the connection is left open for the next use)."""
+    """Return the error of ``alias``'s connection if the database cannot be reached, else
+    ``None``. A connection that is open is pinged; otherwise a new one is made (and left open
+    for the next use). Both within ``TASKLOOP["DATABASE_TIMEOUT"]``: a server that hangs counts
+    as unreachable, as one that went away does."""
     connection = connections[alias]
     try:
-        if connection.connection is None or not connection.is_usable():
+        if connection.connection is not None:
+            with bounded(alias):
+                if connection.is_usable():
+                    return None
             connection.close()
+        with bounded(alias):  # (connects with a connect timeout)
             connection.ensure_connection()
             if connection.vendor == "mysql":
                 _refuse_a_node_not_ready(connection)
@@ -24,12 +34,12 @@ def unreachable(alias: str) -> DatabaseError | None:
     return None
 
 
-def _refuse_a_node_not_ready(connection: object) -> None:
+def _refuse_a_node_not_ready(connection: Any) -> None:
     """A Galera node that is not ready (cut off from its cluster's primary component) accepts
     connections and answers pings, and refuses every query on the tables with error 1047:
     count it unreachable, so that a worker waits it out like an outage. (A server without
     Galera has ``wsrep_on`` OFF: nothing more is read.)"""
-    with connection.cursor() as cursor:  # type: ignore[attr-defined]
+    with connection.cursor() as cursor:
         # (A MariaDB without Galera has wsrep_ready too, always OFF: wsrep_on says which.)
         cursor.execute("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
         on = cursor.fetchone()

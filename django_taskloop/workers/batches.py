@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine.deadline import bounded
 from ..models.operating import record_throughput
 from . import FailedForGood
 from .drivers import Driver
@@ -52,14 +53,15 @@ class ThroughputCounts:
         for driver, (done, failed_items, given_back) in pending.items():
             if not waits(driver):
                 try:
-                    record_throughput(
-                        driver.queue_kind,
-                        driver.queue,
-                        done=done,
-                        failed=failed_items,
-                        given_back=given_back,
-                        using=driver.using,
-                    )
+                    with bounded(driver.using):
+                        record_throughput(
+                            driver.queue_kind,
+                            driver.queue,
+                            done=done,
+                            failed=failed_items,
+                            given_back=given_back,
+                            using=driver.using,
+                        )
                     continue
                 except Exception:
                     failed(driver)

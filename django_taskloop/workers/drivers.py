@@ -6,6 +6,7 @@ A driver speaks one facade's public API (loops, job boards, tubes) so that the w
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -18,6 +19,7 @@ from django.db import DatabaseError
 
 from ..backends import result_id_of, task_path_of
 from ..conf import setting
+from ..engine.deadline import bounded
 from ..models import Consumer, JobBoard, TaskRecord, Tube
 from ..models.operating import is_paused
 from ..models.tubes import ClaimCursor, worth_trying
@@ -38,8 +40,31 @@ if TYPE_CHECKING:
 Item = TypeVar("Item")
 
 
+#: The verbs that talk to the queue's database, each a stretch of our own work bounded by
+#: ``TASKLOOP["DATABASE_TIMEOUT"]`` (:func:`~django_taskloop.engine.deadline.bounded`): a server
+#: that hangs is then met as one that went away (a shard parked, a single database waited out)
+#: instead of holding the worker, and every other queue, for as long as it hangs. Never the
+#: handler's :meth:`Driver.call`, nor :meth:`TubeDriver.wait_one`'s long wait.
+BOUNDED_VERBS = ("prepare", "claim", "done", "done_and_claim", "failed", "give_back", "renew", "beat")
+
+
+def _bounded_verb(verb: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(verb)
+    def call(self: Driver[Any], *args: Any, **kwargs: Any) -> Any:
+        with bounded(self.using):
+            return verb(self, *args, **kwargs)
+
+    return call
+
+
 class Driver(Generic[Item]):
     """The verbs the worker loop needs from one handler's facade."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in BOUNDED_VERBS:
+            if name in vars(cls):
+                setattr(cls, name, _bounded_verb(vars(cls)[name]))
 
     def __init__(self, handler: Handler, identity: str) -> None:
         self.handler = handler
@@ -145,6 +170,9 @@ class Driver(Generic[Item]):
         with self._lock:
             for key in keys:
                 self._failures.pop(key, None)
+
+
+setattr(Driver, "done_and_claim", _bounded_verb(Driver.done_and_claim))  # noqa: B010
 
 
 class LoopDriver(Driver[Any]):
@@ -460,6 +488,7 @@ def make_driver(handler: Handler, identity: str) -> Driver[Any]:
 def tubes_worth_trying(drivers: Sequence[TubeDriver]) -> dict[int, str]:
     """:func:`~django_taskloop.models.tubes.worth_trying` for the tubes of ``drivers`` (of one
     database), each looked at from where its driver's takes stand."""
-    return worth_trying(
-        [driver.tube for driver in drivers], {driver.tube.pk: driver.cursor for driver in drivers}
-    )
+    with bounded(drivers[0].using):
+        return worth_trying(
+            [driver.tube for driver in drivers], {driver.tube.pk: driver.cursor for driver in drivers}
+        )

@@ -24,6 +24,7 @@ from django.db import DatabaseError, connections
 
 from .. import progress, schedules, wakeup
 from ..conf import setting
+from ..engine.deadline import bound_connects, bounded
 from ..exceptions import DatabaseBusy
 from ..health import CleanupWatch
 from ..models import Failure, WorkerProcess
@@ -70,6 +71,8 @@ class Worker:
         self.tallies = {driver.handler.name: Tally() for driver in self.drivers}
         self.stopping = False
         self.aborting = False
+        #: When the grace period of a stop signal ends (monotonic; ``inf`` until one comes).
+        self.stop_by = float("inf")
         # Set by the stop signals' handlers: not a threading.Event (see StopEvent).
         self.wake = StopEvent()
         # Items claimed and not yet finished, by driver: what the heartbeat renews and what a
@@ -127,6 +130,7 @@ class Worker:
             self.stopping = True
             self.wake.set()
             grace = float(setting("GRACE_PERIOD"))
+            self.stop_by = time.monotonic() + grace
             logger.info(
                 "worker %s: %s, finishing work in hand (up to %gs)",
                 self.identity,
@@ -165,6 +169,7 @@ class Worker:
 
     def run(self) -> int:
         """Work until stopped; return the process exit status (0 when all went well)."""
+        bound_connects()
         while True:
             try:
                 self._prepare()
@@ -309,7 +314,9 @@ class Worker:
         self._settle_at_stop()
         beating.set()
         self.wake.set()  # the heartbeat may be waiting on it (no stop came: a burst's end)
-        heart.join(timeout=30)
+        # Its last writes (throughput, goodbye) within what is left of a stop's grace period:
+        # each is bounded (DATABASE_TIMEOUT), but a database that hangs makes several add up.
+        heart.join(timeout=min(30.0, max(1.0, self.stop_by - time.monotonic())))
 
     def _give_back_prefetched(self) -> None:
         """Batches claimed ahead that will not run now (a stop came first) go back with what
@@ -738,15 +745,16 @@ class Worker:
     def _record_failure(self, driver: Driver, item: Any, attempt: int, error: BaseException) -> None:
         """Keep what failed, with its traceback, for the operator (a Failure row)."""
         try:
-            Failure.objects.record(
-                kind=driver.queue_kind,
-                queue=driver.queue,
-                item=driver.failure_item(item),
-                attempt=attempt,
-                worker=self.identity,
-                error=error,
-                using=driver.using,
-            )
+            with bounded(driver.using):
+                Failure.objects.record(
+                    kind=driver.queue_kind,
+                    queue=driver.queue,
+                    item=driver.failure_item(item),
+                    attempt=attempt,
+                    worker=self.identity,
+                    error=error,
+                    using=driver.using,
+                )
         except Exception:
             # The failure is in the log anyway; losing its row must not stop the worker.
             self._log_error("could not record the failure of %s", driver.describe(item))
@@ -774,7 +782,8 @@ class Worker:
             for (kind, queue, item), r in reports.items()
         ]
         try:
-            WorkerProcess.objects.report_progress(self.identity, entries)
+            with bounded(WorkerProcess.objects.db):
+                WorkerProcess.objects.report_progress(self.identity, entries)
             for driver in drivers:
                 with self.inflight_lock:
                     held = [*self.inflight.get(driver, ()), *self.unsettled.get(driver, ())]
@@ -787,13 +796,14 @@ class Worker:
         """Say that this worker process is alive, what it serves and what it holds now."""
         with self.inflight_lock:
             holding = {f"{d.queue_kind}:{d.queue}": len(items) for d, items in self.inflight.items() if items}
-        WorkerProcess.objects.beat(
-            self.identity,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            queues=[f"{d.queue_kind}:{d.queue}" for d in self.drivers],
-            holding=holding,
-        )
+        with bounded(WorkerProcess.objects.db):
+            WorkerProcess.objects.beat(
+                self.identity,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                queues=[f"{d.queue_kind}:{d.queue}" for d in self.drivers],
+                holding=holding,
+            )
 
     def _heartbeat(self, stop: threading.Event) -> None:
         """Renew the leases of the work in hand and record that this worker is alive."""
@@ -806,6 +816,7 @@ class Worker:
             tick=0.0 if self.ticker is not None and not self.burst else float("inf"),
             cleanup=time.monotonic() + self.watch.every(),
         )
+        bound_connects()
         try:
             while True:
                 # A beat that met a dropped connection must not leave this thread's connection
@@ -899,7 +910,8 @@ class Worker:
     def _say_goodbye(self) -> None:
         """Remove this worker's process row (the dashboard's list of live workers)."""
         try:
-            WorkerProcess.objects.gone(self.identity)
+            with bounded(WorkerProcess.objects.db):
+                WorkerProcess.objects.gone(self.identity)
         except Exception:
             self._log_error("worker %s: could not say goodbye", self.identity)
 

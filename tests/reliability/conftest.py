@@ -246,6 +246,28 @@ class Server:
             )
         _wait(lambda: _free(self.port), 30, f"{self.vendor} port {self.port} to close")
 
+    def pids(self) -> list[int]:
+        """The server's processes: MariaDB's one; PostgreSQL's postmaster and its children."""
+        if self.vendor == "mysql":
+            return [self.process.pid] if self.process is not None else []
+        postmaster = int((self.directory / "data" / "postmaster.pid").read_text().split()[0])
+        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout
+        return [postmaster, *(int(pid) for pid in children.split())]
+
+    def freeze(self) -> None:
+        """Hang the server (SIGSTOP to each of its processes): its connections stay open and
+        the kernel still accepts what is sent, but nothing answers, as with a server that
+        swaps or a network that drops packets without a reset."""
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):  # (a backend that just ended)
+                os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Let a frozen server go on (SIGCONT)."""
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def ping(self) -> bool:
         self.execute("SELECT 1", database=None)
         return True

@@ -44,3 +44,37 @@ def report() -> dict[str, Any]:
         "runs": sum(runs.values()),
         "out_of_order": sorted(key for key, seqs in firsts.items() if seqs != sorted(seqs)),
     }
+
+
+def timed_puts(count: int, key: str | None = None) -> list[dict[str, Any]]:
+    """Put ``count`` tasks on the sharded tube (under ``key`` if given, else each to the next
+    shard in turn); return each put's shard, seconds, and error (its first line) if it failed."""
+    import time
+
+    from django_taskloop import shards
+
+    tube = shards.tube("r-shards", type="utubettl", ttr=3)
+    done: list[dict[str, Any]] = []
+    for n in range(count):
+        started = time.monotonic()
+        try:
+            task = tube.put({"key": key or f"free{n}", "seq": n}, **({"utube": key} if key else {}))
+            done.append({"shard": task._state.db, "seconds": time.monotonic() - started, "error": None})
+        except Exception as error:  # the test reads what it was
+            first = str(error).splitlines()[0] if str(error) else ""
+            done.append(
+                {
+                    "shard": None,
+                    "seconds": time.monotonic() - started,
+                    "error": f"{type(error).__name__}: {first}",
+                }
+            )
+    return done
+
+
+def key_on(alias: str) -> str:
+    """A utube key whose tasks live on shard ``alias``."""
+    from django_taskloop import shards
+
+    databases = shards.databases_of("r-shards")
+    return next(f"pinned{n}" for n in range(1000) if shards.pick(databases, f"pinned{n}") == alias)

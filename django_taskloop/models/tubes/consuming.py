@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -130,33 +131,41 @@ class TubeConsuming(TubeBase):
         stop: Callable[[], bool] | None = None,
         cursor: engine.ClaimCursor | None = None,
     ) -> Task | None:
-        """``take(timeout)``; a worker passes ``stop``, which ends the wait when it says so."""
+        """``take(timeout)``; a worker passes ``stop``, which ends the wait when it says so. A
+        worker's tries are each bounded (``engine.bounded``): a server that hangs is met as one
+        that went away, not waited on for as long as it hangs."""
         using = self._using
+        step = (lambda: engine.bounded(using)) if stop is not None else contextlib.nullcontext
         end = None if timeout is None else time.monotonic() + timeout
-        tasks = self._take(1, consumer, cursor=cursor)
+        with step():
+            tasks = self._take(1, consumer, cursor=cursor)
         if tasks or timeout == 0:
             return tasks[0] if tasks else None
         waiter = wakeup.Waiter(using, self.pk)
         try:
-            registration = TubeWaiter.objects.using(using).register(self, consumer, timeout)
+            with step():
+                registration = TubeWaiter.objects.using(using).register(self, consumer, timeout)
             try:
                 # One more try now that the waiter listens: a task made ready since the first
                 # try is either taken here or wakes the sleep below.
-                tasks = self._take(1, consumer, cursor=cursor)
+                with step():
+                    tasks = self._take(1, consumer, cursor=cursor)
                 while not tasks:
                     left = None if end is None else end - time.monotonic()
                     if (left is not None and left <= 0) or (stop is not None and stop()):
                         return None
                     waiter.sleep(left)
-                    registration.refresh()
-                    # Woken by a change or by the clock: one cheap read says whether a take
-                    # may find something (or has due transitions to apply).
-                    worth = self._worth_trying(cursor)
-                    if worth:
-                        tasks = self._take(1, consumer, checked=worth == "ready", cursor=cursor)
+                    with step():
+                        registration.refresh()
+                        # Woken by a change or by the clock: one cheap read says whether a take
+                        # may find something (or has due transitions to apply).
+                        worth = self._worth_trying(cursor)
+                        if worth:
+                            tasks = self._take(1, consumer, checked=worth == "ready", cursor=cursor)
                 return tasks[0]
             finally:
-                registration.close()
+                with step():
+                    registration.close()
         finally:
             waiter.close()
 
