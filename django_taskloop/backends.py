@@ -11,13 +11,14 @@ and with the ``django-tasks`` backport (``django_tasks``) on Django 5.2.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import inspect
 import logging
 import os
 import secrets
 import socket
-from functools import partial
+from functools import cache, partial
 from traceback import format_exception
 from typing import Any, NoReturn
 
@@ -383,12 +384,7 @@ if TASKS_AVAILABLE:
                 except (ImportError, TypeError):
                     # The code changed since the task was enqueued: the result still reads,
                     # with a stand-in that refuses to run.
-                    task = Task(
-                        func=_missing(record.task_path),
-                        priority=record.priority,
-                        queue_name=record.queue_name,
-                        backend=self.alias,
-                    )
+                    task = _stand_in(record, self.alias)
             status, finished_at, errors = record.status, record.finished_at, record.errors
             if expired is not None:
                 # What the worker will record when it reaches the task (see execute).
@@ -840,9 +836,31 @@ def _error_entry(error: BaseException) -> dict[str, str]:
     }
 
 
+def _stand_in(record: Any, backend: str) -> Any:
+    """Return the Task that ``record``'s result reads with when its stored path no longer names
+    one (see ``_to_result``): :func:`_missing`'s function, with the record's priority, queue and
+    ``run_after``.
+
+    Given only the fields this framework's ``Task`` has: Django 6.0 requires ``run_after``
+    (no default), 6.1 and the django-tasks backport default it; none of them knows another
+    field than these that a stand-in could fill in.
+    """
+    known = {
+        "func": _missing(record.task_path),
+        "priority": record.priority,
+        "queue_name": record.queue_name,
+        "backend": backend,
+        "run_after": record.run_after,
+    }
+    fields = {field.name for field in dataclasses.fields(Task) if field.init}
+    return Task(**{name: value for name, value in known.items() if name in fields})
+
+
+@cache
 def _missing(path: str) -> Any:
     """Return a stand-in for a stored task path that no longer imports (see ``_to_result``):
-    named by that path (logs and ``TaskResult.task`` say which task it was), refusing to run."""
+    named by that path (logs and ``TaskResult.task`` say which task it was), refusing to run.
+    One per path: the backend's ``validate_task`` keeps each function it has checked."""
 
     def missing(*args: Any, **kwargs: Any) -> None:
         raise TypeError(f"{path} no longer names a Task")
