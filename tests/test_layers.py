@@ -31,6 +31,8 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
     (1, ("engine", "wakeup")),
     (2, ("models",)),
     (3, ("stats", "reaper", "health", "shards")),
+    # Django Tasks calls waiting in tubes, read as results: the backend, the admin and the worker.
+    (3, ("task_calls",)),
     (4, ("workers", "backends", "schedules")),
     (5, ("admin", "metrics", "management", "checks", "templatetags", "urls", "apps", "views")),
     # The test helpers (django_taskloop.testing, its pytest plugin): edges, on the Tasks backend.
