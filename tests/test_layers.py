@@ -216,6 +216,7 @@ LAZY_IMPORTS = {
     ("apps", "backends"): "AppConfig.ready(): apps.py is imported before the models are",
     ("apps", "schedules"): "AppConfig.ready(): apps.py is imported before the models are",
     ("apps", "workers"): "AppConfig.ready(): apps.py is imported before the models are",
+    ("apps", "shards"): "AppConfig.ready(): apps.py is imported before the models are",
     ("checks", "backends"): "not moved yet (checks.py is another part of the renovation); "
     "no circle: checks is on the top floor",
     ("checks", "conf"): "not moved yet (as above)",
