@@ -348,7 +348,9 @@ if TASKS_AVAILABLE:
                 ]
             twin = waiting.order_by("enqueued_at", "pk").first()
             one_row = next(filter(None, (self._waiting_call(task, record.task_path) for task in calls)), None)
-            if one_row is not None and (twin is None or one_row.enqueued_at < twin.enqueued_at):
+            if one_row is not None and (
+                twin is None or twin.enqueued_at is None or one_row.enqueued_at < twin.enqueued_at
+            ):
                 return one_row
             return twin
 
