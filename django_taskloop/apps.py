@@ -14,8 +14,11 @@ class TaskloopConfig(AppConfig):
         from . import checks  # noqa: F401  (registers the system checks)
         from .backends import task_handlers
         from .schedules import schedule_handlers
-        from .workers import add_handler_source
+        from .shards import use_registrations
+        from .workers import add_handler_source, registered_options
 
         # The Tasks backend's queues and the schedules' tube: the registry imports neither.
         add_handler_source(task_handlers)
         add_handler_source(schedule_handlers)
+        # shards.tube() makes a tube with its handler's options (shards is a floor below).
+        use_registrations(registered_options)

@@ -11,13 +11,13 @@ and with the ``django-tasks`` backport (``django_tasks``) on Django 5.2.
 
 from __future__ import annotations
 
-import datetime as dt
+import dataclasses
 import inspect
 import logging
 import os
 import secrets
 import socket
-from functools import partial
+from functools import cache, partial
 from traceback import format_exception
 from typing import Any, NoReturn
 
@@ -25,7 +25,7 @@ from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, connections, router, transaction
-from django.db.models import Manager, Q
+from django.db.models import Manager
 from django.utils.module_loading import import_string
 
 from . import engine, shards
@@ -48,8 +48,21 @@ from .compat import (
 from .exceptions import NotFound
 from .models import Task as TubeTask
 from .models import TaskRecord, TaskRecordStatus, Tube
-from .models.operating import TASKS_TUBE_PREFIXES
 from .models.tubes import DELAYED, READY
+from .task_calls import (
+    KEYED_TUBE_PREFIX,
+    TUBE_PREFIX,
+    called_record,
+    carrier,
+    keyed_tube_name,
+    record_of,
+    result_id_of,
+    short_result_id,
+    task_path_of,
+    tube_name,
+    waiting_record,
+    waiting_results,
+)
 from .task_options import TaskloopTask, check_ttr, function_path, task_key
 from .validation import check_handler, check_name, check_seconds
 from .workers import Handler
@@ -71,23 +84,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("django_taskloop.tasks")
-
-#: Tubes that hold Django Tasks are named ``TUBE_PREFIX + queue_name``; tasks enqueued with a
-#: ``key`` wait in a ``utubettl`` tube named ``KEYED_TUBE_PREFIX + queue_name`` (one sub-queue
-#: per key: one task of a key runs at a time). Spelled once, beside the Failure rows that
-#: name them (``models.operating.TASKS_TUBE_PREFIXES``).
-TUBE_PREFIX, KEYED_TUBE_PREFIX = TASKS_TUBE_PREFIXES
-
-
-def tube_name(queue_name: str) -> str:
-    """Return the name of the tube that holds the tasks of ``queue_name``."""
-    return f"{TUBE_PREFIX}{queue_name}"
-
-
-def keyed_tube_name(queue_name: str) -> str:
-    """Return the name of the tube that holds the keyed tasks of ``queue_name``."""
-    return f"{KEYED_TUBE_PREFIX}{queue_name}"
-
 
 #: The manager of one database's task records (what the worker's steps pass each other).
 Records = Manager[TaskRecord]
@@ -193,7 +189,7 @@ if TASKS_AVAILABLE:
                 if options:
                     call["options"] = options
             queued = self._put(call, task, using, key)
-            # (As _to_result(_waiting(queued, call)) reads it, without a model instance.)
+            # (As _to_result(waiting_record(queued, call)) reads it, without a model instance.)
             result = _task_result(
                 task,
                 self.alias,
@@ -246,7 +242,7 @@ if TASKS_AVAILABLE:
             holds for its retries too; a callable ``backoff`` is read from the task's definition.
             """
             key, options = _call_options(task, call["args"], call["kwargs"])
-            record = _record_of(call, options, task.priority)
+            record = record_of(call, options, task.priority)
             _, mark, place = call["id"].rpartition("@")
             if mark:  # sharded: 96 random bits and the shard's mark fit the id's 32 characters
                 record.id = f"{secrets.token_hex(12)}@{place}"
@@ -312,29 +308,66 @@ if TASKS_AVAILABLE:
         def _waiting_twin(self, tube: Any, record: Any, key: str | None, unique_on: str, using: str) -> Any:
             """Return the oldest waiting (READY) record that ``record`` would duplicate, or None.
 
-            Locks the tube's row first, so that two enqueues of twins at once take turns.
+            A twin is a record, or a one-row enqueue that no worker has started (its call in its
+            tube task: ``using(unique=False)`` enqueues one), read as :func:`_waiting` reads it.
+            Locks the tube's row first, so that two enqueues of twins at once take turns (on
+            SQLite the write lock that the transaction took first has done that already).
             """
-            list(Tube.objects.using(using).select_for_update().filter(pk=tube.pk).values_list("pk"))
+            if not engine.features(using).write_lock_first:
+                list(Tube.objects.using(using).select_for_update().filter(pk=tube.pk).values_list("pk"))
             waiting = TaskRecord.objects.using(using).filter(
                 backend=record.backend,
                 queue_name=record.queue_name,
                 task_path=record.task_path,
                 status=TaskRecordStatus.READY,
             )
+            queued = TubeTask.objects.using(using).filter(state__in=[READY, DELAYED]).order_by("pk")
             if unique_on == "key":
+                queued = queued.filter(tube_id=tube.pk, utube=key)
+                calls = list(queued)
                 ids = [
-                    data.get("result")
-                    for data in TubeTask.objects.using(using)
-                    .filter(tube_id=tube.pk, utube=key, state__in=[READY, DELAYED])
-                    .values_list("data", flat=True)
-                    if isinstance(data, dict)
+                    task.data["result"]
+                    for task in calls
+                    if isinstance(task.data, dict) and "result" in task.data
                 ]
-                if not ids:
-                    return None
-                waiting = waiting.filter(pk__in=ids)
+                waiting = waiting.filter(pk__in=ids) if ids else waiting.none()
             else:
                 waiting = waiting.filter(args=record.args, kwargs=record.kwargs)
-            return waiting.order_by("enqueued_at", "pk").first()
+                # The arguments are compared here, not in SQL (a JSON key's equality differs by
+                # vendor): only the one-row calls of this task wait in its queue's tubes.
+                queued = queued.filter(
+                    tube__name__in=[tube_name(record.queue_name), keyed_tube_name(record.queue_name)],
+                    data__task=record.task_path,
+                ).exclude(data__has_key="result")
+                calls = [
+                    task
+                    for task in queued
+                    if isinstance(task.data, dict)
+                    and task.data.get("args") == record.args
+                    and task.data.get("kwargs") == record.kwargs
+                ]
+            twin = waiting.order_by("enqueued_at", "pk").first()
+            one_row = next(filter(None, (self._waiting_call(task, record.task_path) for task in calls)), None)
+            if one_row is not None and (
+                twin is None or twin.enqueued_at is None or one_row.enqueued_at < twin.enqueued_at
+            ):
+                return one_row
+            return twin
+
+        def _waiting_call(self, queued: TubeTask, path: str) -> Any:
+            """Return the record of ``queued``, a one-row enqueue of this backend's task ``path``,
+            as it reads until a worker starts it (None: ``queued`` is not one)."""
+            call = queued.data
+            if (
+                not isinstance(call, dict)
+                or "result" in call
+                or "id" not in call
+                or (call.get("task"), call.get("backend")) != (path, self.alias)
+            ):
+                return None
+            record = waiting_record(queued, call)
+            record._state.db = queued._state.db
+            return record
 
         def get_result(self, result_id: str) -> Any:
             """Return the ``TaskResult`` of ``result_id`` as it is now.
@@ -367,11 +400,11 @@ if TASKS_AVAILABLE:
         def _waiting_record(self, result_id: str) -> TaskRecord | None:
             """The record of a one-row enqueue that no worker has started, read off its tube task."""
             using = self._db(result_id)
-            queued = _carrier(result_id, using)
+            queued = carrier(result_id, using)
             call: Any = queued.data if queued is not None else None
             if queued is None or call.get("backend") != self.alias:
                 return None
-            record = _waiting(queued, call)
+            record = waiting_record(queued, call)
             record._state.db = using
             return record
 
@@ -383,12 +416,7 @@ if TASKS_AVAILABLE:
                 except (ImportError, TypeError):
                     # The code changed since the task was enqueued: the result still reads,
                     # with a stand-in that refuses to run.
-                    task = Task(
-                        func=_missing(record.task_path),
-                        priority=record.priority,
-                        queue_name=record.queue_name,
-                        backend=self.alias,
-                    )
+                    task = _stand_in(record, self.alias)
             status, finished_at, errors = record.status, record.finished_at, record.errors
             if expired is not None:
                 # What the worker will record when it reaches the task (see execute).
@@ -432,7 +460,7 @@ if TASKS_AVAILABLE:
             if queued is None:
                 # Called with the result id alone: a task no worker has started is read off
                 # the tube task that carries its call.
-                queued = _carrier(result_id, using)
+                queued = carrier(result_id, using)
             data = getattr(queued, "data", None)
             options: dict[str, Any] = data.get("options", {}) if isinstance(data, dict) else {}
             record = self._start(manager, result_id, worker_id, options, using, queued)
@@ -473,7 +501,7 @@ if TASKS_AVAILABLE:
 
             def start() -> TaskRecord | None:
                 # (Built anew on each try: a retried transaction starts from scratch.)
-                record = _called(queued, result_id) if fresh else None
+                record = called_record(queued, result_id) if fresh else None
                 if not fresh:
                     record = manager.select_for_update().filter(pk=result_id).first()
                 if record is None or record.status in (TaskRecordStatus.SUCCESSFUL, TaskRecordStatus.FAILED):
@@ -744,57 +772,6 @@ def _task_ttr(task: Any) -> float | None:
     return getattr(task, "ttr", None)
 
 
-def _record_of(
-    call: dict[str, Any], options: dict[str, Any], priority: int, result_id: str | None = None
-) -> TaskRecord:
-    """Return the (unsaved, READY) record of the call a tube task carries (see ``enqueue``)."""
-    run_after = call.get("run_after")
-    record = TaskRecord(
-        backend=call["backend"],
-        queue_name=call["queue"],
-        task_path=call["task"],
-        priority=priority,
-        run_after=dt.datetime.fromisoformat(run_after) if run_after else None,
-        takes_context=bool(call.get("context")),
-        args=call["args"],
-        kwargs=call["kwargs"],
-        ttl=options.get("ttl"),
-    )
-    if result_id is not None:
-        record.id = result_id
-    return record
-
-
-def _waiting(queued: TubeTask, call: Any) -> TaskRecord:
-    """Return the record of a one-row enqueue as it reads until a worker starts it (unsaved):
-    its id is ``"<tube task id>-<secret>"``, its enqueue time the tube task's."""
-    record = _record_of(call, call.get("options", {}), 100 - queued.pri, f"{queued.pk}-{call['id']}")
-    record.enqueued_at = queued.created
-    return record
-
-
-def _carrier(result_id: str, using: str) -> TubeTask | None:
-    """Return the tube task that carries the call of the one-row enqueue ``result_id``
-    (``"<tube task id>-<secret>"``), if it is still there."""
-    pk, _, secret = str(result_id).partition("-")
-    if not secret or not pk.isdigit() or len(pk) > 18:
-        return None
-    queued = TubeTask.objects.using(using).filter(pk=int(pk)).first()
-    if queued is None or not isinstance(queued.data, dict) or "result" in queued.data:
-        return None
-    return queued if queued.data.get("id") == secret and "task" in queued.data else None
-
-
-def _called(queued: Any, result_id: str) -> TaskRecord | None:
-    """Return the record to write as a worker first starts the one-row enqueue ``queued``
-    (None if ``queued`` carries no call, or another)."""
-    data = getattr(queued, "data", None)
-    if not isinstance(data, dict) or "task" not in data or "result" in data:
-        return None
-    record = _waiting(queued, data)
-    return record if record.id == result_id else None
-
-
 def _task_result(
     task: Any,
     backend: str,
@@ -840,9 +817,31 @@ def _error_entry(error: BaseException) -> dict[str, str]:
     }
 
 
+def _stand_in(record: Any, backend: str) -> Any:
+    """Return the Task that ``record``'s result reads with when its stored path no longer names
+    one (see ``_to_result``): :func:`_missing`'s function, with the record's priority, queue and
+    ``run_after``.
+
+    Given only the fields this framework's ``Task`` has: Django 6.0 requires ``run_after``
+    (no default), 6.1 and the django-tasks backport default it; none of them knows another
+    field than these that a stand-in could fill in.
+    """
+    known = {
+        "func": _missing(record.task_path),
+        "priority": record.priority,
+        "queue_name": record.queue_name,
+        "backend": backend,
+        "run_after": record.run_after,
+    }
+    fields = {field.name for field in dataclasses.fields(Task) if field.init}
+    return Task(**{name: value for name, value in known.items() if name in fields})
+
+
+@cache
 def _missing(path: str) -> Any:
     """Return a stand-in for a stored task path that no longer imports (see ``_to_result``):
-    named by that path (logs and ``TaskResult.task`` say which task it was), refusing to run."""
+    named by that path (logs and ``TaskResult.task`` say which task it was), refusing to run.
+    One per path: the backend's ``validate_task`` keeps each function it has checked."""
 
     def missing(*args: Any, **kwargs: Any) -> None:
         raise TypeError(f"{path} no longer names a Task")
@@ -942,59 +941,3 @@ def _run_stored(task: TubeTask) -> None:
             logger.warning("Django task %s has no record any more: dropped", result_id)
             return
     taskloop_backend(str(alias)).execute(result_id, f"{socket.gethostname()}:{os.getpid()}", queued=task)
-
-
-def waiting_results(
-    limit: int = 20,
-    result_id: str | None = None,
-    cap: int | None = None,
-    queue_name: str | None = None,
-    task_path: str | None = None,
-) -> tuple[int, list[TaskRecord]]:
-    """Return how many Django Tasks no worker has started yet wait in the queues' tubes (their
-    calls carried by their tube tasks: one-row enqueues, not in ``TaskRecord`` until a worker
-    starts them), and the newest ``limit`` of them as unsaved records, as ``get_result()``
-    reads them; ``result_id``: only that one. ``cap``: count no further than that (a page that
-    says "more than" rather than read every waiting row). ``queue_name``, ``task_path``: only
-    the tasks of that queue, of that task."""
-    using = router.db_for_read(TaskRecord)
-    queued = TubeTask.objects.using(using).filter(
-        Q(tube__name__startswith=TUBE_PREFIX) | Q(tube__name__startswith=KEYED_TUBE_PREFIX)
-    )
-    if result_id is not None:
-        carrier = _carrier(result_id, using)
-        records = [] if carrier is None else [_waiting(carrier, carrier.data)]
-        return len(records), records
-    if queue_name is not None:
-        queued = queued.filter(tube__name__in=[tube_name(queue_name), keyed_tube_name(queue_name)])
-    if task_path is not None:
-        queued = queued.filter(data__task=task_path)
-    # A tube task that points at its record ("result") is listed with the records.
-    queued = queued.exclude(data__has_key="result")
-    records = [_waiting(t, t.data) for t in queued.order_by("-pk")[:limit] if isinstance(t.data, dict)]
-    return (queued.count() if cap is None else queued[:cap].count()), records
-
-
-def short_result_id(result_id: str) -> str:
-    """Return ``result_id`` shortened for lists and logs: ``"4017-9f2c"`` of ``"4017-9f2c1a0b3c4d"``
-    (a one-row enqueue's tube task id, the secret's first 4 digits), else its first 8 digits."""
-    pk, dash, secret = result_id.partition("-")
-    return f"{pk}-{secret[:4]}" if dash else result_id[:8]
-
-
-def result_id_of(task: TubeTask) -> str | None:
-    """Return the Django Task result id a tube task of the backend carries (``None``: not one)."""
-    data = task.data if isinstance(task.data, dict) else {}
-    result = data.get("result")
-    if result is not None:  # the record was written first (see enqueue)
-        return str(result)
-    if "task" in data and "id" in data:  # a one-row enqueue: the tube task carries the call
-        return f"{task.pk}-{data['id']}"
-    return None
-
-
-def task_path_of(task: TubeTask) -> str | None:
-    """Return the dotted path of the Django Task a tube task of the backend carries, if it says."""
-    data = task.data if isinstance(task.data, dict) else {}
-    path = data.get("task")
-    return str(path) if path is not None else None

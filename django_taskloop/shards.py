@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -60,9 +60,11 @@ __all__ = [
     "is_sharded",
     "open_tube",
     "pick",
+    "registered_options",
     "shown",
     "tube",
     "tube_databases",
+    "use_registrations",
     "whole",
 ]
 
@@ -349,8 +351,42 @@ def board(name: str) -> ShardedBoard:
 
 def tube(name: str, **create: Any) -> ShardedTube:
     """Return tube ``name`` over the databases ``SHARDS`` names for it (its one database if
-    none); ``create``: ``create_tube``'s options, for the shards where it does not exist yet."""
-    return ShardedTube(name, databases_of(name), create or {"type": "fifottl"})
+    none), made where it does not exist yet with the options its registration gives (an
+    ``@tube`` handler's), else with ``create`` (``create_tube``'s; default ``type="fifottl"``).
+
+    Options that contradict the registration raise ``ValueError``: a tube is made one way,
+    whoever makes it first (a put, ``statistics()``, a worker).
+    """
+    registered = registered_options(name)
+    if registered is None:
+        return ShardedTube(name, databases_of(name), create or {"type": "fifottl"})
+    differ = {key: value for key, value in create.items() if registered.get(key) != value}
+    if differ:
+        raise ValueError(
+            f"tube {name!r} is registered with "
+            f"{', '.join(f'{key}={value!r}' for key, value in registered.items())} (@tube); "
+            f"tube() was given {', '.join(f'{key}={value!r}' for key, value in differ.items())}: "
+            "leave the options to the registration"
+        )
+    return ShardedTube(name, databases_of(name), registered)
+
+
+#: Looks up the options a tube is registered with (see :func:`registered_options`); the worker
+#: registry's, set by ``AppConfig.ready()`` (this module imports no worker: a floor above).
+_registrations: Callable[[str], dict[str, Any] | None] | None = None
+
+
+def use_registrations(lookup: Callable[[str], dict[str, Any] | None]) -> None:
+    """Make :func:`registered_options` ask ``lookup`` (``AppConfig.ready()`` gives the worker
+    registry's :func:`~django_taskloop.workers.registered_options`)."""
+    global _registrations
+    _registrations = lookup
+
+
+def registered_options(name: str) -> dict[str, Any] | None:
+    """Return the ``create_tube`` options that tube ``name`` is registered with in code (an
+    ``@tube`` handler's), or ``None`` if nothing registers it."""
+    return None if _registrations is None else _registrations(name)
 
 
 def open_tube(name: str, options: dict[str, Any], using: str | None = None) -> Any:

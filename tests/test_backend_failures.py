@@ -9,6 +9,7 @@ import logging
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 from django.core import checks
@@ -34,8 +35,10 @@ from .workers_util import (
 
 try:
     from django.tasks import TaskResultStatus, task_backends
+    from django.tasks.signals import task_finished
 except ImportError:  # Django 5.2: the backport
     from django_tasks import TaskResultStatus, task_backends
+    from django_tasks.signals import task_finished
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,16 +70,27 @@ def test_system_exit_and_keyboard_interrupt_end_failed_and_the_worker_carries_on
     assert Tube.objects.statistics()["tasks.default"]["tasks"]["total"] == 0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("path", "error"),
-    [("tests.nowhere.gone", "ModuleNotFoundError"), ("tests.workers_util.not_a_task", "TypeError")],
-)
-def test_a_stored_path_that_is_not_a_task_ends_failed_and_is_never_called(path, error):
-    result = add.enqueue(1, 2)
-    # The tube task carries the call until a worker starts it: its path changes there.
+#: The three ways a stored path stops naming a Task: its module is gone, the module no longer
+#: has the name, the name is something else than a Task (and what each ends FAILED with).
+GONE_PATHS = [
+    ("tests.nowhere.gone", "ModuleNotFoundError"),
+    ("tests.workers_util.no_such_task", "ImportError"),
+    ("tests.workers_util.not_a_task", "TypeError"),
+]
+
+
+def lose_path(path: str) -> None:
+    """Make the one waiting task of queue ``default`` name ``path`` (the tube task carries the
+    call until a worker starts it: its path changes there)."""
     (queued,) = Tube.objects.get(name="tasks.default").tasks.all()
     Task.objects.filter(pk=queued.pk).update(data={**queued.data, "task": path})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("path", "error"), GONE_PATHS)
+def test_a_stored_path_that_is_not_a_task_ends_failed_and_is_never_called(path, error):
+    result = add.enqueue(1, 2)
+    lose_path(path)
 
     run = run_workers("--burst", "--only", "tasks.default")
 
@@ -96,6 +110,39 @@ def test_a_stored_path_that_is_not_a_task_ends_failed_and_is_never_called(path, 
     # Named by the stored path, not by a stand-in's name (issue 28, item 3).
     assert again.task.module_path == path
     assert "_missing" not in run.stderr
+    # Failed once, for good: no retry of the worker's own (issue 39, item 4).
+    assert "attempt 1 of" not in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize(("path", "error"), GONE_PATHS)
+def test_a_path_that_no_longer_names_a_task_reads_and_ends_failed_with_task_finished(path, error):
+    """Issue 39, item 4: on Django 6.0 (whose Task has no default ``run_after``) the stand-in
+    that a result of such a path is read with could not be built: ``get_result()`` raised
+    ``TypeError``, and so did ``execute()``, before ``task_finished``; the worker then retried."""
+    result = add.enqueue(1, 2)
+    lose_path(path)
+    backend = task_backends["default"]
+    waiting = backend.get_result(result.id)  # not started: read off its tube task
+    assert waiting.status == TaskResultStatus.READY and waiting.args == [1, 2]
+    assert waiting.task.module_path == path and waiting.task.run_after is None
+    finished: list[Any] = []
+
+    def on_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        finished.append(task_result)
+
+    task_finished.connect(on_finished)
+    try:
+        with pytest.raises(FailedForGood, match="is not a Task"):
+            backend.execute(result.id, "here")
+    finally:
+        task_finished.disconnect(on_finished)
+    (sent,) = finished
+    assert sent.id == result.id and sent.status == TaskResultStatus.FAILED
+    assert sent.task.module_path == path
+    assert sent.errors[0].exception_class_path.endswith(error)
+    again = backend.get_result(result.id)
+    assert again.status == TaskResultStatus.FAILED and again.task.module_path == path
+    assert TaskRecord.objects.get(pk=result.id).status == "FAILED"
 
 
 @pytest.mark.slow

@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import sys
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -431,3 +433,84 @@ def test_the_dashboard_and_status_count_each_shards_own_failures_and_name_each_s
         line.split()[0]: line.split() for line in out.getvalue().splitlines() if line.startswith("s-tube")
     }
     assert set(rows) == {"s-tube", "s-tube@other"}, out.getvalue()
+
+
+# -- a tube is made with its registration's options (issue 39, item 4) ----------------------------
+
+
+@pytest.fixture
+def registry_kept() -> Iterator[None]:
+    """Handlers a test registers leave the worker registry afterwards."""
+    from django_taskloop.workers import registry
+
+    before = dict(registry)
+    yield
+    registry.clear()
+    registry.update(before)
+
+
+@pytest.mark.parametrize("first", ["statistics", "put"])
+@pytest.mark.parametrize("databases", [BOTH, ["default"]], ids=["sharded", "one database"])
+def test_a_tube_is_made_with_its_registrations_options_whoever_makes_it(
+    settings, registry_kept, caplog, first, databases
+):
+    """``@tube("rf", type="utube")``, then ``shards.tube("rf").statistics()`` (or a first keyed
+    put) before any worker made it: it was made ``fifottl`` on every shard, and its keyed tasks
+    were then handed out six at a time, with a false warning about the type."""
+    from django_taskloop.workers import tube
+    from django_taskloop.workers.drivers import make_driver
+
+    settings.TASKLOOP = {"SHARDS": {"s-rf": databases}} if len(databases) > 1 else {}
+    handler = tube("s-rf", type="utube", ttr=30, batch=6)(lambda task: None)
+    rf = shards.tube("s-rf")
+    if first == "statistics":
+        rf.statistics()
+    else:
+        rf.put({"n": 0}, utube="k")
+    made = [found for alias in databases for found in Tube.objects.using(alias).filter(name="s-rf")]
+    assert made and {(found.type, found.ttr) for found in made} == {("utube", 30)}
+    if first == "statistics":
+        assert len(made) == len(databases)  # on every shard
+    # Six tasks of one key: one at a time.
+    home = shards.pick(databases, "k")
+    rf.put_many([{"n": n} for n in range(1, 6 if first == "put" else 7)], utube="k")
+    assert len(rf.shard(home).take_many(6, consumer="me")) == 1
+    # The worker finds the tube as its handler asks: no warning.
+    with caplog.at_level(logging.WARNING, logger="django_taskloop"):
+        for alias in databases:
+            make_driver(replace(handler, database=alias, _tubes={}), "w").prepare()
+    assert "exists with" not in caplog.text, caplog.text
+
+
+def test_options_given_against_a_tubes_registration_are_refused_and_nothing_is_made(settings, registry_kept):
+    from django_taskloop.workers import tube
+
+    settings.TASKLOOP = {"SHARDS": {"s-rf": BOTH}}
+    tube("s-rf", type="utube")(lambda task: None)
+    with pytest.raises(ValueError, match=r"tube 's-rf' is registered with type='utube'.*type='fifo'"):
+        shards.tube("s-rf", type="fifo")
+    assert not any(Tube.objects.using(alias).filter(name="s-rf").exists() for alias in BOTH)
+    # What the registration says, given again, is no contradiction; an unregistered tube takes
+    # what it is given, else the default.
+    assert shards.tube("s-rf", type="utube").statistics()["tasks"]["total"] == 0
+    assert Tube.objects.using("other").get(name="s-rf").type == "utube"
+    shards.tube("s-free", type="fifo").statistics()
+    shards.tube("s-plain2").statistics()
+    assert Tube.objects.get(name="s-free").type == "fifo"
+    assert Tube.objects.get(name="s-plain2").type == "fifottl"
+
+
+def test_a_registration_in_a_taskloop_module_not_yet_imported_gives_the_options(
+    settings, registry_kept, monkeypatch
+):
+    """A web process may never have imported the app's ``taskloop`` module: its ``@tube``
+    options are found there all the same (``@tube("w-slow", batch=3, ttr=2)`` in the test app)."""
+    from django_taskloop import workers
+
+    settings.TASKLOOP = {}
+    monkeypatch.delitem(sys.modules, "tests.testapp.taskloop", raising=False)
+    monkeypatch.setattr(workers, "_discovered", False)
+    workers.registry.clear()  # (restored by registry_kept)
+    shards.tube("w-slow").statistics()
+    assert Tube.objects.get(name="w-slow").ttr == 2
+    assert workers.registry["w-slow"].create == {"type": "fifottl", "ttr": 2}

@@ -383,6 +383,38 @@ def test_unique_by_key_returns_the_waiting_task_of_that_key():
     assert t.sync.enqueue(1).id != first.id
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("unique", "keyed"), [(t.refresh, False), (t.sync, True)], ids=["args", "key"])
+def test_unique_finds_the_oldest_waiting_twin_of_a_one_row_enqueue(unique, keyed):
+    """Issue 39, item 4: twins enqueued with ``using(unique=False)`` are one-row enqueues (no
+    record until a worker starts them); a ``unique`` enqueue added a third beside them."""
+    older = [unique.using(unique=False).enqueue(7) for _ in range(2)]
+    assert not TaskRecord.objects.exists()  # one row each: their tube tasks carry the calls
+    again = unique.enqueue(7)
+    assert again.id == older[0].id
+    assert again.status == TaskResultStatus.READY and again.args == [7]
+    assert again.enqueued_at == older[0].enqueued_at
+    tube = Tube.objects.get(name=keyed_tube_name("default") if keyed else tube_name("default"))
+    assert tube.tasks.count() == 2 and not TaskRecord.objects.exists()  # nothing added
+    # Another call is no twin: added (two rows, as unique enqueues are).
+    other = unique.enqueue(8)
+    assert other.id not in {r.id for r in older} and TaskRecord.objects.filter(pk=other.id).exists()
+    # The oldest twin started: the next oldest one waiting is found.
+    assert run_one(keyed=keyed) is None
+    assert unique.get_result(older[0].id).status == TaskResultStatus.SUCCESSFUL
+    assert unique.enqueue(7).id == older[1].id
+    assert tube.tasks.count() == 2  # older[1] and other
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unique_by_arguments_takes_no_one_row_call_of_another_task_or_arguments_for_a_twin():
+    t.refresh.using(unique=False).enqueue("costs")
+    t.must_start_soon.enqueue("sales")  # another task, the same queue and arguments
+    first = t.refresh.enqueue("sales")
+    assert TaskRecord.objects.filter(pk=first.id).exists()
+    assert t.refresh.enqueue("sales").id == first.id
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_unique_holds_when_processes_enqueue_at_once():

@@ -52,6 +52,7 @@ logger = logging.getLogger("django_taskloop.workers")
 __all__ = [
     "Handler",
     "open_tube",
+    "registered_options",
     "shard_handlers",
     "loop",
     "tube",
@@ -198,6 +199,28 @@ def _register(handler: Handler) -> Handler:
         raise ValueError(f"a handler named {handler.name!r} is already registered ({ref})")
     registry[handler.name] = handler
     return handler
+
+
+#: Whether :func:`registered_options` has imported every app's ``taskloop`` module yet.
+_discovered = False
+
+
+def registered_options(name: str) -> dict[str, Any] | None:
+    """Return the ``create_tube`` options of tube ``name``'s handler: an ``@tube`` handler's
+    (every app's ``taskloop`` module imported first, once per process, if none is known: a web
+    process may never have imported it), else a built-in one's; ``None`` if no handler serves it.
+    What :func:`django_taskloop.shards.tube` makes a tube with."""
+    global _discovered
+    handler = registry.get(name)
+    if handler is None and not _discovered:
+        autodiscover()
+        _discovered = True
+        handler = registry.get(name)
+    if handler is None:
+        handler = next(
+            (found for source in handler_sources for found in source() if found.name == name), None
+        )
+    return dict(handler.create) if handler is not None and handler.kind == "tube" else None
 
 
 def open_tube(name: str, options: dict[str, Any], using: str | None = None) -> Any:
