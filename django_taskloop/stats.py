@@ -413,55 +413,68 @@ def queue_summaries(
     unknown = [kind for kind in kinds if kind not in KINDS]
     if unknown:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {unknown[0]!r}")
-    down = {} if down is None else down
-    clocks: dict[str, dt.datetime] = {}
-    failures: dict[str, dict[tuple[str, str], int]] = {}
-
-    def clock(using: str) -> dt.datetime:
-        if using not in clocks:
-            clocks[using] = engine.db_now(using)
-        return clocks[using]
-
-    def failed(using: str, kind: str, name: str) -> int:
-        # Each database's own failures: a shard's are recorded on it.
-        if using not in failures:
-            failures[using] = failures_last_hour(using)
-        return failures[using].get((kind, name), 0)
-
-    def tubes(using: str) -> list[QueueSummary]:
-        return [
-            tube_summary(tube, cap=cap, now=clock(using), failures=failed(using, "task", tube.name))
-            for tube in Tube.objects.using(using).order_by("name")[:limit]
-        ]
-
-    def boards(using: str) -> list[QueueSummary]:
-        return [
-            board_summary(board, cap=cap, now=clock(using), failures=failed(using, "job", board.name))
-            for board in JobBoard.objects.using(using).order_by("name")[:limit]
-        ]
-
-    def loop(model: type[TaskLoop]) -> QueueSummary:
-        label, using = model._meta.label_lower, model._default_manager.db
-        found = shards.read_each(
-            [using],
-            lambda using: loop_summary(
-                model, cap=cap, now=clock(using), failures=failed(using, "loop", label)
-            ),
-            down,
-        )
-        return found[using] if using in found else _down_summary("loop", model, using, down[using])
-
+    reader = _Reader(cap, limit, {} if down is None else down)
     summaries: list[QueueSummary] = []
     for kind in kinds:
         if kind == "task":
             # Every database that holds tubes: a sharded tube is one summary per shard.
-            summaries += _with_down(shards.read_each(shards.tube_databases(), tubes, down), down, "task")
+            read = shards.read_each(shards.tube_databases(), reader.tubes, reader.down)
+            summaries += _with_down(read, reader.down, "task")
         elif kind == "job":
             # Likewise a board that SHARDS spreads: one summary per shard.
-            summaries += _with_down(shards.read_each(_board_databases(), boards, down), down, "job")
+            summaries += _with_down(
+                shards.read_each(_board_databases(), reader.boards, reader.down), reader.down, "job"
+            )
         else:
-            summaries += [loop(model) for model in (loop_models() if loops is None else loops)]
+            summaries += [reader.loop(model) for model in (loop_models() if loops is None else loops)]
     return summaries
+
+
+class _Reader:
+    """One look at the queues: each database's clock and failures read once, and the
+    databases found down (``down``, by alias)."""
+
+    def __init__(self, cap: int | None, limit: int | None, down: dict[str, str]) -> None:
+        self.cap, self.limit, self.down = cap, limit, down
+        self.clocks: dict[str, dt.datetime] = {}
+        self.failures: dict[str, dict[tuple[str, str], int]] = {}
+
+    def clock(self, using: str) -> dt.datetime:
+        if using not in self.clocks:
+            self.clocks[using] = engine.db_now(using)
+        return self.clocks[using]
+
+    def failed(self, using: str, kind: str, name: str) -> int:
+        # Each database's own failures: a shard's are recorded on it.
+        if using not in self.failures:
+            self.failures[using] = failures_last_hour(using)
+        return self.failures[using].get((kind, name), 0)
+
+    def tubes(self, using: str) -> list[QueueSummary]:
+        return [
+            tube_summary(
+                tube, cap=self.cap, now=self.clock(using), failures=self.failed(using, "task", tube.name)
+            )
+            for tube in Tube.objects.using(using).order_by("name")[: self.limit]
+        ]
+
+    def boards(self, using: str) -> list[QueueSummary]:
+        return [
+            board_summary(
+                board, cap=self.cap, now=self.clock(using), failures=self.failed(using, "job", board.name)
+            )
+            for board in JobBoard.objects.using(using).order_by("name")[: self.limit]
+        ]
+
+    def loop(self, model: type[TaskLoop]) -> QueueSummary:
+        label, using = model._meta.label_lower, model._default_manager.db
+
+        def read(using: str) -> QueueSummary:
+            failures = self.failed(using, "loop", label)
+            return loop_summary(model, cap=self.cap, now=self.clock(using), failures=failures)
+
+        found = shards.read_each([using], read, self.down)
+        return found[using] if using in found else _down_summary("loop", model, using, self.down[using])
 
 
 def _with_down(read: dict[str, list[QueueSummary]], down: dict[str, str], kind: str) -> list[QueueSummary]:
