@@ -6,6 +6,10 @@ A Django Tasks queue shows as ``queue="<its Django name>", kind="django_task"``:
 Everything here only reads: a scrape changes nothing. Counts are grouped reads per state on
 the claim indexes; ``taskloop_processed_total`` comes from the workers' throughput table, whose
 pruned minutes fold into lifetime totals, so the counter never goes down.
+
+A database that cannot be reached (a shard whose server is down) leaves out its queues'
+series only: the others are served as ever, and ``taskloop_shard_up{database=…}`` says 0 for
+it (1 for each database that was read).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from .health import database_cleanup
 from .models.operating import throughput_totals
 from .stats import (
     merge_django_tasks,
+    queue_databases,
     queue_summaries,
     shown_queue,
     workers_serving,
@@ -46,13 +51,16 @@ def _line(name: str, labels: dict[str, Any], value: float) -> str:
 STATE_LABELS = {("loop", "new"): "never_done"}
 
 
-def queue_gauges() -> Iterable[tuple[str, str, dict[str, int], float]]:
-    """Yield ``(kind, queue, {state: count}, oldest ready age in seconds)`` for every queue.
+def queue_gauges(down: dict[str, str] | None = None) -> Iterable[tuple[str, str, dict[str, int], float]]:
+    """Yield ``(kind, queue, {state: count}, oldest ready age in seconds)`` for every queue
+    that could be read (``down``: filled with the databases that could not, by alias).
 
     Read from :func:`django_taskloop.stats.queue_summaries` (exact counts), the one
     definition of every state that the admin shows too.
     """
-    for summary in merge_django_tasks(queue_summaries()):
+    for summary in merge_django_tasks(queue_summaries(down=down)):
+        if summary.down is not None:
+            continue  # nothing known of it: no series rather than false zeros
         counts = {STATE_LABELS.get((summary.kind, state), state): n for state, n in summary.counts.items()}
         # A tube's shard other than the router's database: "emails@queue2".
         yield summary.kind, shards.shown(summary.name, summary.using), counts, summary.oldest_ready or 0.0
@@ -65,7 +73,8 @@ def render_metrics() -> str:
         "# TYPE taskloop_items gauge",
     ]
     ages = []
-    for kind, queue, counts, age in queue_gauges():
+    down: dict[str, str] = {}
+    for kind, queue, counts, age in queue_gauges(down):
         for state, n in counts.items():
             lines.append(_line("taskloop_items", {"queue": queue, "kind": kind, "state": state}, n))
         ages.append(_line("taskloop_oldest_ready_seconds", {"queue": queue, "kind": kind}, round(age, 3)))
@@ -73,6 +82,12 @@ def render_metrics() -> str:
         "# HELP taskloop_oldest_ready_seconds How long the next item to run has waited (0: none ready).",
         "# TYPE taskloop_oldest_ready_seconds gauge",
         *ages,
+        "# HELP taskloop_shard_up Whether each database that holds queues could be read (0: down).",
+        "# TYPE taskloop_shard_up gauge",
+        *(
+            _line("taskloop_shard_up", {"database": alias}, int(alias not in down))
+            for alias in queue_databases()
+        ),
         "# HELP taskloop_processed_total Items workers settled, by outcome.",
         "# TYPE taskloop_processed_total counter",
     ]

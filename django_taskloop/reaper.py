@@ -8,7 +8,8 @@ prunes history.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import router
@@ -40,62 +41,81 @@ def _aliases(model: Any, using: str | None) -> Iterable[str]:
     return [router.db_for_write(model)]
 
 
-def reap(using: str | None = None) -> dict[str, dict[str, dict[str, int]]]:
+def reap(
+    using: str | None = None, down: dict[str, str] | None = None
+) -> dict[str, dict[str, dict[str, int]]]:
     """Reap expired claims, dead consumers' tasks and old history; return what was done.
 
     The report is ``{"loops": {label: counts}, "boards": {name: counts}, "tubes": {name: counts},
     "results": {"django-tasks": counts}}``. ``using`` picks a database alias; by default each
-    model's routed alias for writes.
+    model's routed alias for writes. A database that cannot be reached (a shard whose server
+    is down) is left alone and named in ``down`` (``{alias: reason}``, filled in when given);
+    the others are reaped.
     """
     report: dict[str, dict[str, dict[str, int]]] = {"loops": {}, "boards": {}, "tubes": {}, "results": {}}
+    down = {} if down is None else down
+
+    def each(model: Any, work: Callable[[str], None]) -> None:
+        shards.read_each(_aliases(model, using), work, down)
 
     for model in loop_models():
-        for alias in _aliases(model, using):
-            # Expired loop locks are reported, not cleared. doloop ranks ids whose lock_until
-            # has passed FIRST ("expired/bumped locks first"): that is how a crashed worker's
-            # ids and bumped ids jump the queue. Nulling lock_until would demote them behind
-            # every never-updated id, and would erase bumps. They are already claimable.
-            expired = model.objects.db_manager(alias).filter(lock_until__lte=engine.DbNow()).count()
-            report["loops"][model._meta.label_lower] = {"expired_locks": expired}
-
-    for alias in _aliases(JobBoard, using):
-        jobs = Job.objects.db_manager(alias)
-        for board in JobBoard.objects.db_manager(alias).order_by("name"):
-            report["boards"][board.name] = {"expired_claims": jobs.filter(board=board).reap_expired()}
-        pruned = jobs.all().prune_history()
-        if pruned or report["boards"]:
-            report["boards"].setdefault("(history)", {})["pruned"] = pruned
-
-    for alias in _aliases(Tube, using):
-        for tube in Tube.objects.db_manager(alias).order_by("name"):
-            try:
-                # delay/ttr/ttl transitions, and the tasks of dead consumers back to ready.
-                report["tubes"][shards.shown(tube.name, alias)] = dict(tube.tidy(stale=True))
-            except NotFound:
-                continue  # dropped while we looked
-        forgotten = Consumer.objects.using(alias).forget_dead()
-        if forgotten:
-            report["tubes"].setdefault("(consumers)", {})["dead_forgotten"] = forgotten
-
-    for alias in _aliases(Failure, using):
-        operating = {
-            "failures_pruned": Failure.objects.prune(alias),
-            "throughput_minutes_folded": prune_throughput(alias),
-            "gone_workers_forgotten": WorkerProcess.objects.db_manager(alias).prune(),
-        }
-        if any(operating.values()):
-            report["results"]["operating"] = operating
-
+        # Expired loop locks are reported, not cleared. doloop ranks ids whose lock_until
+        # has passed FIRST ("expired/bumped locks first"): that is how a crashed worker's
+        # ids and bumped ids jump the queue. Nulling lock_until would demote them behind
+        # every never-updated id, and would erase bumps. They are already claimable.
+        each(model, functools.partial(_loop, report, model))
+    each(JobBoard, functools.partial(_boards, report))
+    each(Tube, functools.partial(_tubes, report))
+    each(Failure, functools.partial(_operating, report))
     if tasks_backend_aliases():
-        for alias in _aliases(TaskRecord, using):
-            retention = float(setting("RESULT_RETENTION"))
-            old = TaskRecord.objects.db_manager(alias).filter(
-                status__in=[TaskRecordStatus.SUCCESSFUL, TaskRecordStatus.FAILED],
-                finished_at__lte=engine.DbNow(-retention),
-            )
-            earlier = report["results"].get("django-tasks", {}).get("pruned", 0)
-            report["results"]["django-tasks"] = {"pruned": earlier + old.delete()[0]}
+        each(TaskRecord, functools.partial(_results, report))
     return report
+
+
+def _loop(report: dict[str, dict[str, dict[str, int]]], model: Any, alias: str) -> None:
+    expired = model.objects.db_manager(alias).filter(lock_until__lte=engine.DbNow()).count()
+    report["loops"][model._meta.label_lower] = {"expired_locks": expired}
+
+
+def _boards(report: dict[str, dict[str, dict[str, int]]], alias: str) -> None:
+    jobs = Job.objects.db_manager(alias)
+    for board in JobBoard.objects.db_manager(alias).order_by("name"):
+        report["boards"][board.name] = {"expired_claims": jobs.filter(board=board).reap_expired()}
+    pruned = jobs.all().prune_history()
+    if pruned or report["boards"]:
+        report["boards"].setdefault("(history)", {})["pruned"] = pruned
+
+
+def _tubes(report: dict[str, dict[str, dict[str, int]]], alias: str) -> None:
+    for tube in Tube.objects.db_manager(alias).order_by("name"):
+        try:
+            # delay/ttr/ttl transitions, and the tasks of dead consumers back to ready.
+            report["tubes"][shards.shown(tube.name, alias)] = dict(tube.tidy(stale=True))
+        except NotFound:
+            continue  # dropped while we looked
+    forgotten = Consumer.objects.using(alias).forget_dead()
+    if forgotten:
+        report["tubes"].setdefault("(consumers)", {})["dead_forgotten"] = forgotten
+
+
+def _operating(report: dict[str, dict[str, dict[str, int]]], alias: str) -> None:
+    operating = {
+        "failures_pruned": Failure.objects.prune(alias),
+        "throughput_minutes_folded": prune_throughput(alias),
+        "gone_workers_forgotten": WorkerProcess.objects.db_manager(alias).prune(),
+    }
+    if any(operating.values()):
+        report["results"]["operating"] = operating
+
+
+def _results(report: dict[str, dict[str, dict[str, int]]], alias: str) -> None:
+    retention = float(setting("RESULT_RETENTION"))
+    old = TaskRecord.objects.db_manager(alias).filter(
+        status__in=[TaskRecordStatus.SUCCESSFUL, TaskRecordStatus.FAILED],
+        finished_at__lte=engine.DbNow(-retention),
+    )
+    earlier = report["results"].get("django-tasks", {}).get("pruned", 0)
+    report["results"]["django-tasks"] = {"pruned": earlier + old.delete()[0]}
 
 
 def format_report(report: dict[str, dict[str, dict[str, int]]]) -> list[str]:

@@ -17,8 +17,9 @@ nothing joins two shards, so each commits on its own server and their capacities
   ``manage.py workers`` serves each shard of the tube in turn, settling every task on the
   shard it came from; a shard that is down waits (its tasks stay there, held by nobody or by
   leases that run out) while the other shards go on.
-- ``statistics()`` adds up the shards' and lists each under ``"shards"``; ``pause()`` and
-  ``resume()`` act on every shard.
+- ``statistics()`` adds up the shards' and lists each under ``"shards"``; a shard that cannot
+  be reached is left out and named under ``"down"`` with the reason (:func:`read_each`, as the
+  operator's views do); ``pause()`` and ``resume()`` act on every shard.
 
 Job boards shard the same way (:func:`board`: ``post`` in turn; ``@board`` workers claim from
 every shard). A Django Tasks backend names its shards in ``OPTIONS["DATABASES"]``.
@@ -35,7 +36,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, connections, router, transaction
@@ -60,6 +61,7 @@ __all__ = [
     "is_sharded",
     "open_tube",
     "pick",
+    "read_each",
     "registered_options",
     "shown",
     "tube",
@@ -79,6 +81,8 @@ class PutUncertain(DeadlinePassed):
 
 #: Seconds a shard that could not be reached stays out of the puts' turn.
 DOWN_FOR = 5.0
+
+T = TypeVar("T")
 
 _turn = itertools.count()
 _down: dict[str, float] = {}
@@ -148,6 +152,30 @@ def whole(queue: Any) -> list[Any]:
 def is_sharded(name: str) -> bool:
     """Say whether ``SHARDS`` names tube ``name`` (one database, or several)."""
     return bool(setting("SHARDS").get(name))
+
+
+def read_each(aliases: Iterable[str], read: Callable[[str], T], down: dict[str, str]) -> dict[str, T]:
+    """Return ``{alias: read(alias)}`` for each database of ``aliases`` that can be reached.
+
+    The one place where a read of the queues turns a database that is down into a mark: when
+    ``read`` fails and a fresh connection to that database fails too (refused at once when
+    its server is down), the database is left out and named in ``down`` with the one-line
+    reason; one already in ``down`` is not tried again, so that one look (a page, a status, a
+    scrape, a reap) pays for a down database once. Any other error is raised.
+    """
+    found: dict[str, T] = {}
+    for alias in aliases:
+        if alias in down:
+            continue
+        try:
+            found[alias] = read(alias)
+        except DatabaseError:
+            error = unreachable(alias)
+            if error is None:
+                raise
+            text = str(error).strip()
+            down[alias] = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    return found
 
 
 def _key_hash(key: Any) -> int:
@@ -305,16 +333,18 @@ class ShardedTube(_Sharded):
         return put
 
     def statistics(self, **options: Any) -> dict[str, Any]:
-        """Return ``Tube.statistics()`` added up over the shards, with each shard's own under
-        ``"shards"`` (by alias)."""
-        per_shard = {alias: self.shard(alias).statistics(**options) for alias in self.databases}
+        """Return ``Tube.statistics()`` added up over the shards that can be reached, with each
+        one's own under ``"shards"`` (by alias), and under ``"down"`` ``{alias: reason}`` of
+        each shard that cannot (left out of the sums; ``{}`` when none)."""
+        down: dict[str, str] = {}
+        per_shard = read_each(self.databases, lambda alias: self.shard(alias).statistics(**options), down)
         total: dict[str, Any] = {}
         for stats in per_shard.values():
             for group, counts in stats.items():
                 into = total.setdefault(group, {})
                 for name, n in counts.items():
                     into[name] = into.get(name, 0) + n
-        return {**total, "shards": per_shard}
+        return {**total, "shards": per_shard, "down": down}
 
 
 class ShardedBoard(_Sharded):

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from django.apps import apps
 from django.db import router
 from django.db.models import Count, Q, QuerySet, Sum
+from django.utils import timezone
 
 from . import engine, shards
 from .conf import setting
@@ -55,6 +56,7 @@ __all__ = [
     "capped_count",
     "failures_last_hour",
     "processed_last_hour",
+    "queue_databases",
     "lock_ages",
     "loop_models",
     "loop_summary",
@@ -128,6 +130,10 @@ class QueueSummary:
     longest_lock_left: float | None = None
     #: A Django Tasks queue (kind :data:`DJANGO_TASK`): the tubes it is made of.
     tubes: tuple[Tube, ...] = ()
+    #: Why the queue's database could not be read (``OperationalError: …``), or ``None``. A
+    #: queue that is down reads as empty, its ``source`` an unsaved namesake and ``now`` the
+    #: web server's clock: nothing of it is known but its name and where it lives.
+    down: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -391,59 +397,138 @@ def queue_summaries(
     cap: int | None = None,
     limit: int | None = None,
     loops: Iterable[type[TaskLoop]] | None = None,
+    down: dict[str, str] | None = None,
 ) -> list[QueueSummary]:
     """Return the summaries of every queue of ``kinds``, in that order of kinds, by name.
 
     ``limit`` keeps at most that many tubes and as many boards (the first by name); ``cap``
     stops each count there; ``loops`` narrows the loops (default: :func:`loop_models`). The
     database's clock is read once per database.
+
+    A database that cannot be reached (:func:`~django_taskloop.shards.read_each`) is named in
+    ``down`` (``{alias: reason}``, filled in when given) and its queues are summaries marked
+    :attr:`~QueueSummary.down`: a shard of a queue found on another database, a loop's model.
     """
     kinds = list(kinds)
     unknown = [kind for kind in kinds if kind not in KINDS]
     if unknown:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {unknown[0]!r}")
-    clocks: dict[str, dt.datetime] = {}
-    failures: dict[str, dict[tuple[str, str], int]] = {}
-
-    def clock(using: str) -> dt.datetime:
-        if using not in clocks:
-            clocks[using] = engine.db_now(using)
-        return clocks[using]
-
-    def failed(using: str, kind: str, name: str) -> int:
-        # Each database's own failures: a shard's are recorded on it.
-        if using not in failures:
-            failures[using] = failures_last_hour(using)
-        return failures[using].get((kind, name), 0)
-
+    reader = _Reader(cap, limit, {} if down is None else down)
     summaries: list[QueueSummary] = []
     for kind in kinds:
         if kind == "task":
             # Every database that holds tubes: a sharded tube is one summary per shard.
-            for using in shards.tube_databases():
-                for tube in Tube.objects.using(using).order_by("name")[:limit]:
-                    summaries.append(
-                        tube_summary(
-                            tube, cap=cap, now=clock(using), failures=failed(using, "task", tube.name)
-                        )
-                    )
+            read = shards.read_each(shards.tube_databases(), reader.tubes, reader.down)
+            summaries += _with_down(read, reader.down, "task")
         elif kind == "job":
             # Likewise a board that SHARDS spreads: one summary per shard.
-            for using in _board_databases():
-                for board in JobBoard.objects.using(using).order_by("name")[:limit]:
-                    summaries.append(
-                        board_summary(
-                            board, cap=cap, now=clock(using), failures=failed(using, "job", board.name)
-                        )
-                    )
+            summaries += _with_down(
+                shards.read_each(_board_databases(), reader.boards, reader.down), reader.down, "job"
+            )
         else:
-            for model in loop_models() if loops is None else loops:
-                label = model._meta.label_lower
-                using = model._default_manager.db
-                summaries.append(
-                    loop_summary(model, cap=cap, now=clock(using), failures=failed(using, "loop", label))
-                )
+            summaries += [reader.loop(model) for model in (loop_models() if loops is None else loops)]
     return summaries
+
+
+class _Reader:
+    """One look at the queues: each database's clock and failures read once, and the
+    databases found down (``down``, by alias)."""
+
+    def __init__(self, cap: int | None, limit: int | None, down: dict[str, str]) -> None:
+        self.cap, self.limit, self.down = cap, limit, down
+        self.clocks: dict[str, dt.datetime] = {}
+        self.failures: dict[str, dict[tuple[str, str], int]] = {}
+
+    def clock(self, using: str) -> dt.datetime:
+        if using not in self.clocks:
+            self.clocks[using] = engine.db_now(using)
+        return self.clocks[using]
+
+    def failed(self, using: str, kind: str, name: str) -> int:
+        # Each database's own failures: a shard's are recorded on it.
+        if using not in self.failures:
+            self.failures[using] = failures_last_hour(using)
+        return self.failures[using].get((kind, name), 0)
+
+    def tubes(self, using: str) -> list[QueueSummary]:
+        return [
+            tube_summary(
+                tube, cap=self.cap, now=self.clock(using), failures=self.failed(using, "task", tube.name)
+            )
+            for tube in Tube.objects.using(using).order_by("name")[: self.limit]
+        ]
+
+    def boards(self, using: str) -> list[QueueSummary]:
+        return [
+            board_summary(
+                board, cap=self.cap, now=self.clock(using), failures=self.failed(using, "job", board.name)
+            )
+            for board in JobBoard.objects.using(using).order_by("name")[: self.limit]
+        ]
+
+    def loop(self, model: type[TaskLoop]) -> QueueSummary:
+        label, using = model._meta.label_lower, model._default_manager.db
+
+        def read(using: str) -> QueueSummary:
+            failures = self.failed(using, "loop", label)
+            return loop_summary(model, cap=self.cap, now=self.clock(using), failures=failures)
+
+        found = shards.read_each([using], read, self.down)
+        return found[using] if using in found else _down_summary("loop", model, using, self.down[using])
+
+
+def _with_down(read: dict[str, list[QueueSummary]], down: dict[str, str], kind: str) -> list[QueueSummary]:
+    """The summaries ``read`` of each database, in turn; in the place of a database that is
+    down, a summary marked down for each queue read elsewhere that has a home there (the
+    shards the operator's verbs reach: :func:`~django_taskloop.shards.homes`)."""
+    model = Tube if kind == "task" else JobBoard
+    sources = {summary.name: summary.source for summaries in read.values() for summary in summaries}
+    places = shards.tube_databases() if kind == "task" else _board_databases()
+    rows: list[QueueSummary] = []
+    for using in places:
+        if using in read:
+            rows += read[using]
+        elif using in down:
+            rows += [
+                _down_summary(kind, _namesake(source, using), using, down[using])
+                for name, source in sorted(sources.items())
+                if using in shards.homes(model, name)
+            ]
+    return rows
+
+
+def _namesake(source: Any, using: str) -> Any:
+    """An unsaved tube or board named as ``source``, on database ``using``."""
+    model = type(source)
+    found = model(name=source.name, **({"type": source.type} if model is Tube else {}))
+    found._state.db = using
+    return found
+
+
+def _down_summary(kind: str, source: Any, using: str, reason: str) -> QueueSummary:
+    """The summary of a queue whose database ``using`` is down: its name, empty, marked down."""
+    states = {"task": TASK_STATES, "job": JOB_STATES, "loop": LOOP_STATES}[kind]
+    name = source._meta.label_lower if kind == "loop" else source.name
+    return QueueSummary(
+        kind=kind,
+        name=name,
+        title=str(source._meta.verbose_name_plural) if kind == "loop" else shards.shown(name, using),
+        using=using,
+        source=source,
+        counts=dict.fromkeys(states, 0),
+        capped=frozenset(),
+        oldest_ready=None,
+        paused=False,
+        now=timezone.now(),
+        down=reason,
+    )
+
+
+def queue_databases() -> list[str]:
+    """Every database the read model reads queues from: the tubes', the boards' (with each
+    alias ``SHARDS`` names), the loop models'."""
+    loops = [model._default_manager.db for model in loop_models()]
+    return list(dict.fromkeys([*shards.tube_databases(), *_board_databases(), *loops]))
 
 
 def _board_databases() -> list[str]:
@@ -492,6 +577,7 @@ def merge_django_tasks(summaries: Iterable[QueueSummary]) -> list[QueueSummary]:
             capped=first.capped | summary.capped,
             oldest_ready=max(ages) if ages else None,
             paused=first.paused or summary.paused,
+            down=first.down or summary.down,
             failures_last_hour=first.failures_last_hour + summary.failures_last_hour,
             source=tube if plain else first.source,
             tubes=(tube, *first.tubes) if plain else (*first.tubes, tube),

@@ -1,4 +1,8 @@
-"""The dashboard: every loop, board and tube on one page, with server-side SVG charts."""
+"""The dashboard: every loop, board and tube on one page, with server-side SVG charts.
+
+A database that cannot be reached (a shard whose server is down) is named at the top of the
+page and its queues' rows and cards are marked down; every other queue shows as ever (the read
+model says which: :func:`django_taskloop.stats.queue_summaries`' ``down``)."""
 
 from __future__ import annotations
 
@@ -194,7 +198,7 @@ def _card(summary: QueueSummary, request: HttpRequest, site: admin.AdminSite) ->
     links = _card_links(summary, site)
     model: Any = type(summary.source)
     shard = summary.kind != "loop" and summary.using != router.db_for_read(model)
-    if shard:
+    if shard or summary.down is not None:
         links = {
             **links,
             "list_url": None,
@@ -202,7 +206,8 @@ def _card(summary: QueueSummary, request: HttpRequest, site: admin.AdminSite) ->
             "tubes": [(n, None) for n, _u in links.get("tubes", [])],
         }
     cards = {"loop": _loop_card, "job": _board_card, "task": _tube_card, DJANGO_TASK: _tasks_card}
-    body = cards[summary.kind](summary)
+    # A queue that is down: nothing to show but that (its counts are unknown, not zeros).
+    body = {"empty": True, "rows": [], "charts": []} if summary.down else cards[summary.kind](summary)
     failures_url = _url(site, Failure, "changelist")
     return {
         "kind": links["kind"],
@@ -210,7 +215,8 @@ def _card(summary: QueueSummary, request: HttpRequest, site: admin.AdminSite) ->
         "queue_kind": summary.kind,
         "queue": summary.name,
         "paused": summary.paused,
-        "can_pause": _can_change(request, site, links["model"]),
+        "can_pause": summary.down is None and _can_change(request, site, links["model"]),
+        "down": summary.down,
         "list_url": links["list_url"],
         "list_label": links.get("list_label", _("list")),
         "stats_url": links["stats_url"],
@@ -218,18 +224,23 @@ def _card(summary: QueueSummary, request: HttpRequest, site: admin.AdminSite) ->
         "latency": summary.oldest_ready,
         "failures": summary.failures_last_hour,
         "failures_url": f"{failures_url}?queue={summary.kind}:{summary.name}"
-        if failures_url and not shard
+        if failures_url and not shard and summary.down is None
         else None,
         **body,
     }
 
 
-def _visible_summaries(request: HttpRequest, site: admin.AdminSite) -> list[QueueSummary]:
-    """Return the summaries of the queues the user may see: loops, boards, then tubes."""
+def _visible_summaries(
+    request: HttpRequest, site: admin.AdminSite, down: dict[str, str]
+) -> list[QueueSummary]:
+    """Return the summaries of the queues the user may see: loops, boards, then tubes
+    (``down``: filled with the databases that could not be read)."""
     loops = [model for model in loop_models() if _can_view(request, site, model)]
     kinds = ["loop"] if loops else []
     kinds += [kind for kind, model in (("job", JobBoard), ("task", Tube)) if _can_view(request, site, model)]
-    return merge_django_tasks(queue_summaries(kinds, cap=DASHBOARD_COUNT_CAP, limit=MAX_QUEUES, loops=loops))
+    return merge_django_tasks(
+        queue_summaries(kinds, cap=DASHBOARD_COUNT_CAP, limit=MAX_QUEUES, loops=loops, down=down)
+    )
 
 
 def state_css(kind: str, state: str) -> str:
@@ -259,6 +270,16 @@ def _processed(
 
 def _queue_row(summary: QueueSummary, card: dict[str, Any], processed: Any) -> dict[str, Any]:
     """Return one row of the table of queues: states, rate, oldest wait, failures, paused."""
+    if summary.down is not None:
+        return {
+            **card,
+            "states": [],
+            "wait": "—",
+            "rate": "—",
+            "done": "0",
+            "for_good": "",
+            "for_good_state": None,
+        }
     labels = _state_labels(summary.kind)
     chips = [
         (str(labels[state]) if labels else state, count_text(count, exact), state_css(summary.kind, state))
@@ -279,10 +300,14 @@ def _queue_row(summary: QueueSummary, card: dict[str, Any], processed: Any) -> d
     }
 
 
-def _every_database(since: float, bucket: int) -> list[tuple[Any, int, int, int]]:
+def _every_database(since: float, bucket: int, down: dict[str, str]) -> list[tuple[Any, int, int, int]]:
     """Return ``throughput_series`` of every queue, added up over every database that holds
-    queues (a shard's workers write their throughput on the shard), on the router's buckets."""
-    series = [throughput_series("*", None, since, bucket, using=using) for using in shards.tube_databases()]
+    queues and can be reached (a shard's workers write their throughput on the shard), on the
+    router's buckets."""
+    read = shards.read_each(
+        shards.tube_databases(), lambda using: throughput_series("*", None, since, bucket, using=using), down
+    )
+    series = list(read.values()) or [[]]
     total = {moment: [done, failed, back] for moment, done, failed, back in series[0]}
     for other in series[1:]:
         for moment, done, failed, back in other:
@@ -292,11 +317,11 @@ def _every_database(since: float, bucket: int) -> list[tuple[Any, int, int, int]
     return [(moment, *values) for moment, values in total.items()]
 
 
-def _throughput_charts() -> list[SafeString]:
+def _throughput_charts(down: dict[str, str]) -> list[SafeString]:
     """Return the processed-items charts of the last hour and day (none if the day was idle);
     the day's axis names the dates."""
-    hour = _every_database(3600, 60)
-    day = _every_database(24 * 3600, 1800)
+    hour = _every_database(3600, 60, down)
+    day = _every_database(24 * 3600, 1800, down)
     if not any(done or failed or back for _t, done, failed, back in day):
         return []
     return [
@@ -356,12 +381,13 @@ def _databases() -> list[dict[str, Any]]:
 
 def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any]:
     """Return the cards of the dashboard: what the user may see of loops, boards and tubes."""
-    summaries = _visible_summaries(request, site)
+    down: dict[str, str] = {}
+    summaries = _visible_summaries(request, site, down)
     cards = [_card(summary, request, site) for summary in summaries]
     # Each database's own throughput rows: a shard's workers write theirs on the shard.
-    processed = {using: processed_last_hour(using) for using in dict.fromkeys(s.using for s in summaries)}
+    processed = shards.read_each(dict.fromkeys(s.using for s in summaries), processed_last_hour, down)
     rows = [
-        _queue_row(summary, card, processed[summary.using])
+        _queue_row(summary, card, processed.get(summary.using, {}))
         for summary, card in zip(summaries, cards, strict=True)
     ]
     rows.sort(key=lambda row: bool(row["empty"]))
@@ -371,7 +397,8 @@ def dashboard_data(request: HttpRequest, site: admin.AdminSite) -> dict[str, Any
     return {
         "queues": rows,
         "cards": cards,
-        "throughput": _throughput_charts(),
+        "throughput": _throughput_charts(down),
+        "down": sorted(down.items()),
         "workers": _workers(),
         "databases": databases,
         "cleanup_held": any(db["held"] for db in databases),

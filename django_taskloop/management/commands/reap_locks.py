@@ -1,4 +1,11 @@
-"""``manage.py reap_locks``: return expired locks and claims, dead consumers' tasks; prune."""
+"""``manage.py reap_locks``: return expired locks and claims, dead consumers' tasks; prune.
+
+A database that cannot be reached (a shard whose server is down) is skipped and the others
+reaped; one line on stderr names it. Run once, the command then exits with
+:data:`SKIPPED_A_DATABASE` (3): the rest was done, and a timer or cron job still sees that
+something was left (1 stays "nothing was done": a traceback, the router's database down).
+``--every`` says it each round and goes on, as workers wait out an outage.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +18,13 @@ from django.db import connections
 
 from django_taskloop.health import vacuum_queue_tables
 from django_taskloop.reaper import format_report, reap
+from django_taskloop.workers.outage import describe
 from django_taskloop.workers.stopping import StopEvent
 
 #: Seconds a stopped ``--every`` loop may take to finish its round before the process ends anyway.
 STOP_WITHIN = 20
+#: The exit status of a run that reaped every database it could reach and skipped one or more.
+SKIPPED_A_DATABASE = 3
 
 
 class Command(BaseCommand):
@@ -65,8 +75,9 @@ class Command(BaseCommand):
                 self.stdout.write(line)
             return
         if every is None:
-            for line in format_report(reap(database)):
-                self.stdout.write(line)
+            skipped = self.round(database)
+            if skipped:
+                raise CommandError(skipped, returncode=SKIPPED_A_DATABASE)
             return
         # Stop between two rounds, never in the middle of one: the first SIGINT/SIGTERM ends the
         # sleep at once or lets the round in hand finish; a second one (or a round still stuck
@@ -87,8 +98,20 @@ class Command(BaseCommand):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
         while not stop.is_set():
             started = time.monotonic()
-            for line in format_report(reap(database)):
-                self.stdout.write(line)
+            skipped = self.round(database)
+            if skipped:
+                self.stderr.write(skipped)
             self.stdout.flush()
             stop.wait(max(0.0, every - (time.monotonic() - started)))
         signal.alarm(0)
+
+    def round(self, database: str | None) -> str:
+        """Reap once and print what was done; return the line that names the databases
+        skipped because they could not be reached (``""``: none)."""
+        down: dict[str, str] = {}
+        for line in format_report(reap(database, down)):
+            self.stdout.write(line)
+        if not down:
+            return ""
+        which = "; ".join(f"{describe(alias)}: {reason}" for alias, reason in down.items())
+        return f"skipped unreachable {'databases' if len(down) > 1 else 'database'} {which} (the others were reaped)"

@@ -30,6 +30,7 @@ from django_taskloop.stats import (
     shown_queue,
     workers_serving,
 )
+from django_taskloop.workers.outage import describe
 from django_taskloop.workers.stopping import StopEvent
 
 from .queues import Queue
@@ -51,10 +52,13 @@ SECTIONS = (
 COUNT_CAP = 100_000
 
 
-def summaries(queues: Iterable[Queue] = (), *, cap: int | None = COUNT_CAP) -> list[QueueSummary]:
-    """Return the summary of every queue, or only of ``queues`` (counts up to ``cap``)."""
+def summaries(
+    queues: Iterable[Queue] = (), *, cap: int | None = COUNT_CAP, down: dict[str, str] | None = None
+) -> list[QueueSummary]:
+    """Return the summary of every queue, or only of ``queues`` (counts up to ``cap``;
+    ``down``: filled with the databases that could not be read)."""
     wanted = {(q.kind, q.name) for q in queues}
-    found = merge_django_tasks(queue_summaries(cap=cap))
+    found = merge_django_tasks(queue_summaries(cap=cap, down=down))
     # A queue by its name: every shard of it; ``emails@queue2``: that shard.
     return [s for s in found if not wanted or {(s.kind, s.name), (s.kind, s.title)} & wanted]
 
@@ -65,6 +69,15 @@ def _count(summary: QueueSummary, state: str) -> str:
 
 
 def _row(summary: QueueSummary, states: tuple[str, ...], workers: int) -> list[str]:
+    if summary.down is not None:  # nothing known of it but where it lives
+        return [
+            shards.shown(summary.name, summary.using),
+            *("—" for _ in states),
+            "—",
+            "—",
+            str(workers),
+            "down",
+        ]
     return [
         shards.shown(summary.name, summary.using),  # a shard other than the router's: emails@queue2
         *(_count(summary, state) for state in states),
@@ -75,10 +88,16 @@ def _row(summary: QueueSummary, states: tuple[str, ...], workers: int) -> list[s
     ]
 
 
-def status_lines(found: list[QueueSummary], serving: dict[tuple[str, str], int]) -> list[str]:
-    """Return the status tables of ``found`` (``serving``: live workers per queue)."""
+def status_lines(
+    found: list[QueueSummary], serving: dict[tuple[str, str], int], down: dict[str, str] | None = None
+) -> list[str]:
+    """Return the status tables of ``found`` (``serving``: live workers per queue; ``down``:
+    the databases that could not be read, each named in a line of its own)."""
+    unreachable = [
+        f"database {describe(alias)} is unreachable ({why})" for alias, why in (down or {}).items()
+    ]
     if not found:
-        return ["No queues yet: no tube, job board, Django Tasks queue or loop model."]
+        return ["No queues yet: no tube, job board, Django Tasks queue or loop model.", *unreachable]
     lines: list[str] = []
     # One width for the name column of every table, so that the tables line up.
     width = max(len(shards.shown(s.name, s.using)) for s in found)
@@ -103,6 +122,7 @@ def status_lines(found: list[QueueSummary], serving: dict[tuple[str, str], int])
         "",
         f"{plural(queues, 'queue')}{spread} ({paused} paused), {plural(failed, 'failure')} in the last hour, "
         f"{plural(alive, 'live worker process', 'live worker processes')}; at {found[0].now:%Y-%m-%d %H:%M:%S %Z}",
+        *unreachable,
     ]
     return lines
 
@@ -143,6 +163,7 @@ def _as_json(summary: QueueSummary, workers: int) -> dict[str, Any]:
         "workers": workers,
         "tubes": [tube.name for tube in summary.tubes],
         "now": summary.now.isoformat(),
+        "down": summary.down,
     }
 
 
@@ -152,8 +173,10 @@ def status_json(
     *,
     indent: int | None = 2,
     progress: Sequence[ItemProgress] = (),
+    down: dict[str, str] | None = None,
 ) -> str:
-    """Return the status of ``found`` as JSON: ``{"queues": [...], "progress": [...]}``."""
+    """Return the status of ``found`` as JSON: ``{"queues": [...], "progress": [...], "down":
+    {alias: reason}}`` (the databases that could not be read)."""
     queues = [_as_json(s, serving.get((s.kind, s.name), 0)) for s in found]
     running = [
         {
@@ -167,17 +190,18 @@ def status_json(
         }
         for e in progress
     ]
-    return json.dumps({"queues": queues, "progress": running}, indent=indent)
+    return json.dumps({"queues": queues, "progress": running, "down": down or {}}, indent=indent)
 
 
 def render(queues: list[Queue], as_json: bool, *, exact: bool = False, indent: int | None = 2) -> str:
     """Return the status of ``queues`` (every queue if empty), as text or JSON."""
-    found = summaries(queues, cap=None if exact else COUNT_CAP)
+    down: dict[str, str] = {}
+    found = summaries(queues, cap=None if exact else COUNT_CAP, down=down)
     serving = workers_serving()
     running = in_progress(found)
     if as_json:
-        return status_json(found, serving, indent=indent, progress=running)
-    return "\n".join([*status_lines(found, serving), *progress_lines(running)])
+        return status_json(found, serving, indent=indent, progress=running, down=down)
+    return "\n".join([*status_lines(found, serving, down), *progress_lines(running)])
 
 
 #: Clear the screen and go home: a watched status refreshes in place on a terminal.
