@@ -161,16 +161,23 @@ def read_each(aliases: Iterable[str], read: Callable[[str], T], down: dict[str, 
     ``read`` fails and a fresh connection to that database fails too (refused at once when
     its server is down), the database is left out and named in ``down`` with the one-line
     reason; one already in ``down`` is not tried again, so that one look (a page, a status, a
-    scrape, a reap) pays for a down database once. Any other error is raised.
+    scrape, a reap) pays for a down database once. Each read has ``DATABASE_TIMEOUT`` to
+    answer (outside a caller's transaction): a server that hangs is down too. Any other error
+    is raised.
     """
     found: dict[str, T] = {}
     for alias in aliases:
         if alias in down:
             continue
         try:
-            found[alias] = read(alias)
-        except DatabaseError:
-            error = unreachable(alias)
+            if connections[alias].in_atomic_block:  # a caller's transaction (ATOMIC_REQUESTS): its own
+                found[alias] = read(alias)
+            else:
+                with bounded(alias):
+                    found[alias] = read(alias)
+        except DatabaseError as raised:
+            # A server that hangs did not answer within DATABASE_TIMEOUT: down, as one refused.
+            error = raised if isinstance(raised, DeadlinePassed) else unreachable(alias)
             if error is None:
                 raise
             text = str(error).strip()

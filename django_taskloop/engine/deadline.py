@@ -167,16 +167,20 @@ def _with_timeout(params: Callable[[], dict[str, Any]], alias: str, seconds: flo
 def _connect(wrapper: Any, seconds: float) -> None:
     """Open ``wrapper``'s connection with a connect timeout of ``seconds`` (the driver's: a
     connection being made has no socket to shut down yet), without touching the settings: the
-    wrapper is this thread's own, and only this connect sees the option. A connect that fails
-    raises :class:`DeadlinePassed`: the server is down or hangs."""
+    wrapper is this thread's own, and only this connect sees the option. A connect that runs
+    out of time raises :class:`DeadlinePassed`: the server hangs."""
     kept = vars(wrapper).get("get_connection_params")  # (bound_connects' own)
     params = getattr(kept, "args", (wrapper.get_connection_params,))[0]
     wrapper.get_connection_params = functools.partial(_with_timeout, params, wrapper.alias, seconds)
+    started = time.monotonic()
     try:
         wrapper.ensure_connection()
     except DatabaseError as error:
+        waited = connect_timeout(wrapper.alias, seconds)["connect_timeout"]
+        if time.monotonic() - started < waited - 0.25:
+            raise  # refused, or any other answer: the driver's error says it best
         raise DeadlinePassed(
-            f"database {wrapper.alias!r} did not answer within {seconds:g} s (a new connection: {error})"
+            f"database {wrapper.alias!r} did not answer within {waited:g} s (a new connection: {error})"
         ) from error
     finally:
         if kept is None:
