@@ -41,6 +41,7 @@ def claim(
     cursor: ClaimCursor | None = None,
     cursor_on: Sequence[str] | None = None,
     index: str | None = None,
+    sub_index: str | None = None,
 ) -> Any:
     """Claim up to ``limit`` rows of ``queryset`` that match ``claimable``, best first.
 
@@ -69,6 +70,11 @@ def claim(
     on ``cursor_on``, the end of ``order_by`` that ``claimable`` pins to no one value (default:
     ``order_by``). ``index``: the index serving ``order_by``, named to a database that takes
     hints when a claim starts from a cursor (:attr:`Features.index_hint`: MariaDB).
+    ``sub_index``: the index serving the correlated subqueries of ``claimable`` on the claimed
+    table itself (Django's alias ``U0``: a keyed tube's "nothing of this key ahead"), hinted
+    where the database takes hints. MariaDB's optimizer, by statistics that a burst of puts
+    left stale, read the whole table once per candidate instead: 100–250 ms a claim of 100
+    from a keyed tube of 3,000 tasks, 2 ms hinted (as after an ANALYZE TABLE).
     """
     if limit <= 0:
         return Claimed([]) if later else []
@@ -83,7 +89,9 @@ def claim(
             return _claim_kept(queryset.model, using, statement, resume, later)
     claimable = _and(claimable, resume.condition(using))
     hint = _hint(using, index) if resume.start is not None else None
-    rows = _claim_through_orm(queryset, limit, claimable, order_by, changes, fetch, overfetch, direct, hint)
+    rows = _claim_through_orm(
+        queryset, limit, claimable, order_by, changes, fetch, overfetch, direct, hint, _hint(using, sub_index)
+    )
     resume.claimed(rows if fetch else [])
     return Claimed(rows) if later else rows
 
@@ -128,15 +136,17 @@ def _claim_through_orm(
     overfetch: int,
     direct: bool,
     hint: str | None = None,
+    sub_hint: str | None = None,
 ) -> list[Any]:
     """:func:`claim` in the ORM's statements: the candidate read, the locking read and the
     lease ``UPDATE`` (SQLite: the read and the ``UPDATE`` under the write lock). ``hint``:
-    the index hint of a direct claim's locking read."""
+    the index hint of a direct claim's locking read; ``sub_hint``: of the reads' correlated
+    subqueries on the same table (see :func:`claim`'s ``sub_index``)."""
     model = queryset.model
     using = queryset.db
     claimable = claimable() if callable(claimable) else claimable
     base = queryset.filter(claimable).order_by(*order_by)
-    lease = _Lease(queryset, changes() if callable(changes) else changes, fetch, hint)
+    lease = _Lease(queryset, changes() if callable(changes) else changes, fetch, hint, sub_hint)
 
     if features(using).write_lock_first:
         # SQLite: nobody else can write while we hold the lock, so read and write at once.
@@ -154,7 +164,8 @@ def _claim_through_orm(
     # (1) Candidates, read outside the transaction: a few more than needed, so that a rival
     # holding some of them does not leave us empty-handed.
     try:
-        candidates = list(base.values_list("pk", flat=True)[: limit * overfetch])
+        keys = base.values_list("pk", flat=True)[: limit * overfetch]
+        candidates = compiler.read_hinted(keys, None, sub_hint) if sub_hint else list(keys)
     except DatabaseError as error:
         # The first query after the server restarted is the one that fails: leave a fresh
         # connection for the next call rather than a dead one.
@@ -182,7 +193,12 @@ class _Lease:
     the lease on it."""
 
     def __init__(
-        self, queryset: QuerySet[Any], changes: dict[str, Any], fetch: bool, hint: str | None = None
+        self,
+        queryset: QuerySet[Any],
+        changes: dict[str, Any],
+        fetch: bool,
+        hint: str | None = None,
+        sub_hint: str | None = None,
     ) -> None:
         self.using = queryset.db
         self.rows = queryset.model._base_manager.db_manager(self.using)
@@ -190,6 +206,7 @@ class _Lease:
         self.fetch = fetch
         self.of = ("self",) if features(self.using).for_update_of else ()
         self.hint = hint
+        self.sub_hint = sub_hint
 
     def write(self, pks: list[Any]) -> list[Any]:
         """(3) Write the lease on ``pks``; return them, or the rows as the claim left them."""
@@ -217,7 +234,8 @@ class _Lease:
         what passes.
         """
         keys = locking.select_for_update(skip_locked=True, of=self.of).values_list("pk", flat=True)[:limit]
-        locked = compiler.read_hinted(keys, self.hint) if self.hint else list(keys)
+        hinted = self.hint or self.sub_hint
+        locked = compiler.read_hinted(keys, self.hint, self.sub_hint) if hinted else list(keys)
         if self.of and locked and compiler.reads_other_tables(base):
             still = set(base.filter(pk__in=locked).values_list("pk", flat=True))
             locked = [pk for pk in locked if pk in still]
@@ -384,6 +402,8 @@ class ClaimSpec:
     cursor_on: Sequence[str] | None = None
     #: The index that serves ``order_by`` (see :func:`claim`).
     index: str | None = None
+    #: The index that serves ``claimable``'s subqueries on the same table (see :func:`claim`).
+    sub_index: str | None = None
 
     def kept(self) -> bool:
         """Whether the claim is one statement, compiled once and kept under :attr:`key`."""
@@ -412,6 +432,7 @@ class ClaimSpec:
             cursor=self.cursor,
             cursor_on=self.cursor_on,
             index=self.index,
+            sub_index=self.sub_index,
         )
 
 

@@ -148,15 +148,20 @@ def compile_update(
     return sql, tuple(params), compiler
 
 
-def read_hinted(queryset: QuerySet[Any], hint: str) -> list[Any]:
+def read_hinted(queryset: QuerySet[Any], hint: str | None, sub_hint: str | None = None) -> list[Any]:
     """The values of ``queryset`` (a flat ``values_list`` of one column of its model's table),
-    read with the index hint ``hint`` on that table (``FORCE INDEX (…)``: Django has none)."""
+    read with the index hint ``hint`` on that table (``FORCE INDEX (…)``: Django has none),
+    and ``sub_hint`` on that table in its subqueries (Django's alias ``U0``)."""
     using = queryset.db
     connection = connections[using]
     sql, params = queryset.query.get_compiler(using=using).as_sql()
     table = f"FROM {connection.ops.quote_name(queryset.model._meta.db_table)}"
-    at = sql.index(table) + len(table)
-    return [row[0] for row in execute(using, f"{sql[:at]} {hint}{sql[at:]}", params)]
+    if sub_hint:
+        sql = sql.replace(f"{table} U0 ", f"{table} U0 {sub_hint} ")
+    if hint:
+        at = sql.index(table) + len(table)
+        sql = f"{sql[:at]} {hint}{sql[at:]}"
+    return [row[0] for row in execute(using, sql, params)]
 
 
 _PK_IN_SUBQUERY = re.compile(r'WHERE ("[^"]+")\.("[^"]+") IN \(SELECT (\w+|"\w+")\.\2 AS "pk" FROM ')

@@ -36,7 +36,16 @@ from .common import (
     _taken_key,
     _touched,
 )
-from .records import CLAIM_INDEX, Consumer, Task, TubeStat, TubeWaiter, _check_task_id, _check_task_ids
+from .records import (
+    CLAIM_INDEX,
+    UTUBE_INDEX,
+    Consumer,
+    Task,
+    TubeStat,
+    TubeWaiter,
+    _check_task_id,
+    _check_task_ids,
+)
 
 
 def worth_trying(
@@ -332,6 +341,7 @@ class TubeConsuming(TubeBase):
             cursor=None if self._is_utube else cursor,
             cursor_on=self._cursor_on(),
             index=CLAIM_INDEX,
+            sub_index=UTUBE_INDEX if self._is_utube else None,
         )
 
     def _ack_and_claim_at_once(

@@ -27,6 +27,9 @@ from .common import (
 
 #: The index of the claim order (ready tasks; MySQL/MariaDB: all tasks).
 CLAIM_INDEX = "taskloop_task_claim"
+#: The index of a sub-queue's tasks in order: what a keyed claim's "nothing of this key
+#: ahead" reads (hinted on MariaDB, see engine.claim's ``sub_index``).
+UTUBE_INDEX = "taskloop_task_utube"
 
 
 class TaskQuerySet(models.QuerySet["Task"]):
@@ -155,7 +158,7 @@ class Task(models.Model):
             ),
             # A utube task's siblings, for "is it the head of its sub-queue?".
             engine.PartialIndex(
-                fields=["tube", "utube", "id"], name="taskloop_task_utube", where=Q(utube__isnull=False)
+                fields=["tube", "utube", "id"], name=UTUBE_INDEX, where=Q(utube__isnull=False)
             ),
             # The admin's date-range filter on created: without it a range that matches few
             # rows scans the whole table (1.5 s at a million tasks on MariaDB).
