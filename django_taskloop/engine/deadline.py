@@ -48,7 +48,9 @@ class DeadlinePassed(DatabaseError):
 
 
 class _Watchdog:
-    """One daemon thread that shuts down the sockets of stretches past their deadline."""
+    """One daemon thread that shuts down the sockets of stretches past their deadline. It
+    wakes when a deadline comes (or one sooner than it knew of is armed), not per stretch:
+    in steady work about once per ``DATABASE_TIMEOUT``."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -57,18 +59,18 @@ class _Watchdog:
         self.armed: dict[int, tuple[float, Callable[[], int | None], list[bool]]] = {}
         self.token = 0
         self.thread: threading.Thread | None = None
-        self.pid = 0
+        #: When the thread looks next (monotonic): a deadline armed before it needs a wake-up.
+        self.wake_at = 0.0
 
     def arm(self, deadline: float, socket_of: Callable[[], int | None], fired: list[bool]) -> int:
         with self.lock:
-            if self.thread is None or self.pid != os.getpid():  # (a forked child has none)
-                self.armed.clear()
-                self.pid = os.getpid()
+            if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="taskloop-deadline", daemon=True)
                 self.thread.start()
             self.token += 1
             self.armed[self.token] = (deadline, socket_of, fired)
-            self.wake.notify()
+            if deadline < self.wake_at:
+                self.wake.notify()
             return self.token
 
     def disarm(self, token: int) -> None:
@@ -85,11 +87,14 @@ class _Watchdog:
                     # Under the lock: the stretch cannot end, nor its connection close and its
                     # descriptor be reused, while we shut it down.
                     fired[0] = _shut_down(socket_of())
-                soonest = min((deadline for deadline, _, _ in self.armed.values()), default=now + 60)
-                self.wake.wait(max(0.0, soonest - time.monotonic()))
+                self.wake_at = min((deadline for deadline, _, _ in self.armed.values()), default=now + 60)
+                self.wake.wait(max(0.0, self.wake_at - time.monotonic()))
 
 
 _watchdog = _Watchdog()
+# A forked child (a worker process) has no watchdog thread, and the lock may have been held by
+# the parent's at the fork: it starts afresh.
+os.register_at_fork(after_in_child=lambda: _Watchdog.__init__(_watchdog))
 
 
 def raw_socket(raw: Any) -> int | None:
