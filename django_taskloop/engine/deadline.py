@@ -85,7 +85,9 @@ class _Watchdog:
                 for token in due:
                     _, socket_of, fired = self.armed.pop(token)
                     # Under the lock: the stretch cannot end, nor its connection close and its
-                    # descriptor be reused, while we shut it down.
+                    # descriptor be reused, while we shut it down. Marked first: the driver's
+                    # error may reach the stretch's end before this thread goes on.
+                    fired[0] = True
                     fired[0] = _shut_down(socket_of())
                 self.wake_at = min((deadline for deadline, _, _ in self.armed.values()), default=now + 60)
                 self.wake.wait(max(0.0, self.wake_at - time.monotonic()))

@@ -335,7 +335,7 @@ class TubeConsuming(TubeBase):
             claimable=self._claimable,
             order_by=self._order(),
             changes=changes,
-            key=None if self._is_utube else self._kept_key("take", consumer),
+            key=self._kept_key("take", consumer),
             direct=limit > 1,
             # utube: a sub-queue's next task lies behind the cursor when its head is finished.
             cursor=None if self._is_utube else cursor,
