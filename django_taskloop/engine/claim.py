@@ -68,18 +68,12 @@ def claim(
 
     ``cursor`` (with ``fetch``): a consumer's :class:`~.cursor.ClaimCursor`; its position stands
     on ``cursor_on``, the end of ``order_by`` that ``claimable`` pins to no one value (default:
-    ``order_by``). ``index``: the index serving ``order_by``, named to a database that takes
-    hints when a claim starts from a cursor (:attr:`Features.index_hint`: MariaDB).
-    ``sub_index``: the index serving the correlated subqueries of ``claimable`` on the claimed
-    table itself (Django's alias ``U0``: a keyed tube's "nothing of this key ahead"), hinted
-    where the database takes hints. MariaDB's optimizer, by statistics that a burst of puts
-    left stale, read the whole table once per candidate instead: 100–250 ms a claim of 100
-    from a keyed tube of 3,000 tasks, 2 ms hinted (as after an ANALYZE TABLE).
+    ``order_by``). ``index``/``sub_index``: the indexes serving ``order_by`` and the subqueries,
+    hinted to MariaDB (``index`` when a claim starts from a cursor; :attr:`ClaimSpec.sub_index`).
     """
     if limit <= 0:
         return Claimed([]) if later else []
-    # A limit beyond any table's size means "all of them"; larger ones overflow SQL's LIMIT
-    # (a 64-bit integer, doubled below for the candidates) and fail inside the database.
+    # Beyond any table's size means "all"; more overflows SQL's LIMIT (64-bit, doubled below).
     limit = min(limit, MAX_LIMIT)
     using = queryset.db
     resume = Resume(cursor if fetch else None, queryset, cursor_on or order_by)
@@ -88,10 +82,8 @@ def claim(
         if statement is not None:
             return _claim_kept(queryset.model, using, statement, resume, later)
     claimable = _and(claimable, resume.condition(using))
-    hint = _hint(using, index) if resume.start is not None else None
-    rows = _claim_through_orm(
-        queryset, limit, claimable, order_by, changes, fetch, overfetch, direct, hint, _hint(using, sub_index)
-    )
+    hints = _hint(using, index) if resume.start is not None else None, _hint(using, sub_index)
+    rows = _claim_through_orm(queryset, limit, claimable, order_by, changes, fetch, overfetch, direct, *hints)
     resume.claimed(rows if fetch else [])
     return Claimed(rows) if later else rows
 
@@ -402,7 +394,11 @@ class ClaimSpec:
     cursor_on: Sequence[str] | None = None
     #: The index that serves ``order_by`` (see :func:`claim`).
     index: str | None = None
-    #: The index that serves ``claimable``'s subqueries on the same table (see :func:`claim`).
+    #: The index that serves ``claimable``'s correlated subqueries on the claimed table itself
+    #: (Django's alias ``U0``: a keyed tube's "nothing of this key ahead"). MariaDB's optimizer,
+    #: by statistics that a burst of puts left stale, read the whole table once per candidate
+    #: for it: 100–250 ms a claim of 100 from a keyed tube of 3,000 tasks, 2 ms hinted (as
+    #: after an ANALYZE TABLE).
     sub_index: str | None = None
 
     def kept(self) -> bool:
