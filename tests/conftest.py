@@ -110,6 +110,22 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
                 f"{len(servers)} test(s) that start their own database servers or network namespaces "
                 "not run: set TASKLOOP_START_SERVERS=1 to run them (needs root; .ci/run does)"
             )
+    if os.environ.get("TASKLOOP_SERVER_TESTS_ON_OWN_LEG") == "1":
+        from django.conf import settings
+
+        if "sqlite" in settings.DATABASES["default"]["ENGINE"]:
+            # CI: a SQLite leg's server tests would start the same throwaway servers that the
+            # MariaDB and PostgreSQL legs start, and repeat their runs; they run there.
+            from tests.reliability.conftest import SERVER_FIXTURES
+
+            servers = [item for item in items if SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))]
+            if servers:
+                config.hook.pytest_deselected(items=servers)
+                items[:] = [item for item in items if item not in servers]
+                _BROWSER_MISSING.append(
+                    f"{len(servers)} test(s) that start their own database servers left to the MariaDB "
+                    "and PostgreSQL legs, which run them (TASKLOOP_SERVER_TESTS_ON_OWN_LEG=1)"
+                )
     if os.environ.get("CI"):
         return
     missing = []
