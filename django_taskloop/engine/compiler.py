@@ -157,7 +157,9 @@ def read_hinted(queryset: QuerySet[Any], hint: str | None, sub_hint: str | None 
     sql, params = queryset.query.get_compiler(using=using).as_sql()
     table = f"FROM {connection.ops.quote_name(queryset.model._meta.db_table)}"
     if sub_hint:
-        sql = sql.replace(f"{table} U0 ", f"{table} U0 {sub_hint} ")
+        # (Django 6 quotes the subquery's alias: `U0`.)
+        for alias in ("U0", connection.ops.quote_name("U0")):
+            sql = sql.replace(f"{table} {alias} ", f"{table} {alias} {sub_hint} ")
     if hint:
         at = sql.index(table) + len(table)
         sql = f"{sql[:at]} {hint}{sql[at:]}"

@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_taskloop.health import vacuum_queue_tables
+from django_taskloop.management.terminal.trouble import checked_databases
 from django_taskloop.reaper import format_report, reap
 from django_taskloop.workers.outage import describe
 from django_taskloop.workers.stopping import StopEvent
@@ -32,6 +33,12 @@ class Command(BaseCommand):
         "Reap every loop, board and tube once (or every SECONDS with --every): expired claims, "
         "dead consumers' tasks, ttl/ttr/delay transitions, old history; print what was done."
     )
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """Django's system checks on the databases that answer (a shard that is down is reaped
+        around, and named, not a traceback: see :func:`checked_databases`)."""
+        kwargs["databases"] = checked_databases(kwargs.get("databases"))
+        super().check(*args, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(

@@ -10,7 +10,11 @@ from django.db import DatabaseError
 from django_taskloop.management.terminal import actions, failures, status
 from django_taskloop.management.terminal.queues import resolve
 from django_taskloop.management.terminal.text import BadInput, parse_duration
-from django_taskloop.management.terminal.trouble import database_trouble, unreachable_database
+from django_taskloop.management.terminal.trouble import (
+    checked_databases,
+    database_trouble,
+    unreachable_database,
+)
 
 #: Seconds between two refreshes of ``status --watch`` when none is given.
 WATCH_EVERY = 2.0
@@ -99,6 +103,7 @@ class Command(BaseCommand):
         down = unreachable_database()
         if down is not None:
             raise CommandError(down, returncode=1)
+        kwargs["databases"] = checked_databases(kwargs.get("databases"))
         super().check(*args, **kwargs)
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:

@@ -3,12 +3,15 @@ the workers do (``workers/outage.py``), never the traceback of the first failed 
 
 from __future__ import annotations
 
-from django.db import DatabaseError
+from typing import Any
+
+import django
+from django.db import DatabaseError, connections
 
 from django_taskloop.health import queue_tables
 from django_taskloop.workers.outage import describe, first_line, not_migrated, tables_missing, unreachable
 
-__all__ = ["database_trouble", "unreachable_database"]
+__all__ = ["checked_databases", "database_trouble", "unreachable_database"]
 
 
 def unreachable_database() -> str | None:
@@ -18,6 +21,15 @@ def unreachable_database() -> str | None:
         if down is not None:
             return f"database {describe(alias)} is unreachable ({first_line(down)})"
     return None
+
+
+def checked_databases(databases: Any) -> Any:
+    """The ``databases`` a command's system checks run against: Django 6 checks every database
+    by default (MySQL's model checks read each server's version), so a shard that is down would
+    be a traceback before the command could name it; those that can be reached now, then."""
+    if django.VERSION >= (6, 0) and databases is None:
+        return [alias for alias in connections if unreachable(alias) is None]
+    return databases
 
 
 def database_trouble(error: DatabaseError) -> tuple[str, int]:
