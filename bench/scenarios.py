@@ -149,20 +149,26 @@ def stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
         proc.wait()
 
 
-def drain(jobs: int, processes: int, record_dir: Path, timeout: float) -> dict:
-    tube = empty_tube()
-    fill(tube, range(jobs))
+def burst(
+    processes: int, record_dir: Path, timeout: float, only: str = TUBE
+) -> tuple[subprocess.Popen, float, float]:
+    """Run ``workers --burst`` until it exits; return it, its wall seconds and the worker
+    processes' own CPU seconds (start-up included, once the supervisor has reaped them all)."""
     connections.close_all()
     started = time.perf_counter()
     cpu = children_cpu()
-    proc = run_workers(processes, burst=True, record_dir=record_dir)
+    proc = run_workers(processes, burst=True, record_dir=record_dir, only=only)
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
         stop(proc)
-    wall = time.perf_counter() - started
-    # The worker processes' own CPU (start-up included), once the supervisor has reaped them all.
-    cpu = children_cpu() - cpu
+    return proc, time.perf_counter() - started, children_cpu() - cpu
+
+
+def drain(jobs: int, processes: int, record_dir: Path, timeout: float) -> dict:
+    tube = empty_tube()
+    fill(tube, range(jobs))
+    proc, wall, cpu = burst(processes, record_dir, timeout)
     records = read_records(record_dir)
     left = tube.statistics()["tasks"]
     return {
@@ -219,16 +225,7 @@ def drain_kind(kind: str, jobs: int, processes: int, record_dir: Path, timeout: 
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE taskloop_task")
-    connections.close_all()
-    started = time.perf_counter()
-    cpu = children_cpu()
-    proc = run_workers(processes, burst=True, record_dir=record_dir, only=only)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        stop(proc)
-    wall = time.perf_counter() - started
-    cpu = children_cpu() - cpu
+    proc, wall, cpu = burst(processes, record_dir, timeout, only)
     records = read_records(record_dir)
     return {
         "rate": drain_rate(records),

@@ -100,32 +100,24 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 
     if os.environ.get("TASKLOOP_START_SERVERS") != "1":
         # Throwaway database servers and network namespaces change the machine: only when asked.
-        from tests.reliability.conftest import SERVER_FIXTURES
-
-        servers = [item for item in items if SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))]
-        if servers:
-            config.hook.pytest_deselected(items=servers)
-            items[:] = [item for item in items if item not in servers]
-            _BROWSER_MISSING.append(
-                f"{len(servers)} test(s) that start their own database servers or network namespaces "
-                "not run: set TASKLOOP_START_SERVERS=1 to run them (needs root; .ci/run does)"
-            )
+        _leave_out_server_tests(
+            config,
+            items,
+            "{} test(s) that start their own database servers or network namespaces "
+            "not run: set TASKLOOP_START_SERVERS=1 to run them (needs root; .ci/run does)",
+        )
     if os.environ.get("TASKLOOP_SERVER_TESTS_ON_OWN_LEG") == "1":
         from django.conf import settings
 
         if "sqlite" in settings.DATABASES["default"]["ENGINE"]:
             # CI: a SQLite leg's server tests would start the same throwaway servers that the
             # MariaDB and PostgreSQL legs start, and repeat their runs; they run there.
-            from tests.reliability.conftest import SERVER_FIXTURES
-
-            servers = [item for item in items if SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))]
-            if servers:
-                config.hook.pytest_deselected(items=servers)
-                items[:] = [item for item in items if item not in servers]
-                _BROWSER_MISSING.append(
-                    f"{len(servers)} test(s) that start their own database servers left to the MariaDB "
-                    "and PostgreSQL legs, which run them (TASKLOOP_SERVER_TESTS_ON_OWN_LEG=1)"
-                )
+            _leave_out_server_tests(
+                config,
+                items,
+                "{} test(s) that start their own database servers left to the MariaDB and "
+                "PostgreSQL legs, which run them (TASKLOOP_SERVER_TESTS_ON_OWN_LEG=1)",
+            )
     if os.environ.get("CI"):
         return
     missing = []
@@ -140,6 +132,18 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         config.hook.pytest_deselected(items=browser)
         items[:] = [item for item in items if not item.get_closest_marker("browser")]
         _BROWSER_MISSING.append(f"{len(browser)} browser test(s) not run: missing " + " and ".join(missing))
+
+
+def _leave_out_server_tests(config: Any, items: list[Any], said: str) -> None:
+    """Deselect the tests that start servers (the fixtures in tests/reliability/conftest.py) and
+    say so in the summary: ``said`` with their count."""
+    from tests.reliability.conftest import SERVER_FIXTURES
+
+    servers = [item for item in items if SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))]
+    if servers:
+        config.hook.pytest_deselected(items=servers)
+        items[:] = [item for item in items if item not in servers]
+        _BROWSER_MISSING.append(said.format(len(servers)))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
