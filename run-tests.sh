@@ -3,6 +3,11 @@
 #   DATABASE_URL            picks the database (default: a SQLite file in a temporary directory)
 #   PYTHON                  the interpreter (default python3; Django 6 needs 3.12+)
 #   VENV                    where the virtualenv lives (default .venv)
+#   DJANGO                  a pip requirement that pins Django (e.g. 'Django~=6.0.0'; default: the
+#                           newest that pyproject.toml allows on this Python)
+#   TASKLOOP_TEST_PROCESSES how many pytest processes share the tests (default 4: most tests wait
+#                           on worker processes, so two per core keep both cores busy); each has
+#                           its own databases, ports and temporary files. -n0 (last) runs one.
 #   TASKLOOP_START_SERVERS  1: also run the tests that start throwaway MariaDB/PostgreSQL servers
 #                           and network namespaces (needs root; .ci/run sets it). Without it
 #                           nothing is started and the machine's network is left alone.
@@ -17,11 +22,11 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 extras=test${EXTRAS:+,$EXTRAS}   # EXTRAS=browser adds Playwright for the admin's browser test
 # mysqlclient compiles against the MariaDB/MySQL client library: only when it is used.
-case "${DATABASE_URL:-}" in mysql*) extras=$extras,mysql ;; esac
-stamp="$VENV/.installed-$extras-$(cksum < pyproject.toml | cut -d' ' -f1)"
+case "${DATABASE_URL:-}" in mysql*) [[ ",$extras," == *,mysql,* ]] || extras=$extras,mysql ;; esac
+stamp="$VENV/.installed-$extras-$(printf '%s' "${DJANGO:-}" | cksum | cut -d' ' -f1)-$(cksum < pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e ".[$extras]"
+  "$VENV/bin/python" -m pip install -q -e ".[$extras]" ${DJANGO:+"$DJANGO"}
   touch "$stamp"
 fi
 export TASKLOOP_TEST_SUFFIX="${TASKLOOP_TEST_SUFFIX:-run$$}"
@@ -29,4 +34,5 @@ TMPDIR="$(mktemp -d "${TMPDIR:-/tmp}/taskloop-tests.XXXXXX")"
 chmod 755 "$TMPDIR"  # the throwaway PostgreSQL server runs as postgres and lives in here
 export TMPDIR
 trap 'rm -rf "$TMPDIR"' EXIT
-"$VENV/bin/python" -m pytest --basetemp="$TMPDIR/pytest" "$@"
+# --dist loadgroup: the tests that start their own servers share one process (tests/selection.py).
+"$VENV/bin/python" -m pytest --basetemp="$TMPDIR/pytest" -n "${TASKLOOP_TEST_PROCESSES:-4}" --dist loadgroup "$@"

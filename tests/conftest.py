@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import traceback
 from collections.abc import Callable, Sequence
@@ -9,6 +10,8 @@ from typing import Any
 
 import pytest
 from django.db import connections
+
+pytest_plugins = ["tests.selection"]
 
 
 def _child(target: Callable[..., Any], args: Sequence[Any], queue: Any, barrier: Any) -> None:
@@ -84,9 +87,6 @@ def pytest_report_header(config: Any) -> str:
     return f"django-taskloop: database engine {settings.DATABASES['default']['ENGINE']}"
 
 
-_BROWSER_MISSING: list[str] = []
-
-
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     """Leave out, and say so: tests that start servers unless asked; outside CI, browser tests
     where no browser can run them.
@@ -97,6 +97,8 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     import importlib.util
     import os
     from pathlib import Path
+
+    from tests.selection import say
 
     if os.environ.get("TASKLOOP_START_SERVERS") != "1":
         # Throwaway database servers and network namespaces change the machine: only when asked.
@@ -131,24 +133,20 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     if browser:
         config.hook.pytest_deselected(items=browser)
         items[:] = [item for item in items if not item.get_closest_marker("browser")]
-        _BROWSER_MISSING.append(f"{len(browser)} browser test(s) not run: missing " + " and ".join(missing))
+        say(f"{len(browser)} browser test(s) not run: missing " + " and ".join(missing))
 
 
 def _leave_out_server_tests(config: Any, items: list[Any], said: str) -> None:
     """Deselect the tests that start servers (the fixtures in tests/reliability/conftest.py) and
     say so in the summary: ``said`` with their count."""
     from tests.reliability.conftest import SERVER_FIXTURES
+    from tests.selection import say
 
     servers = [item for item in items if SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))]
     if servers:
         config.hook.pytest_deselected(items=servers)
         items[:] = [item for item in items if item not in servers]
-        _BROWSER_MISSING.append(said.format(len(servers)))
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    for line in _BROWSER_MISSING:
-        terminalreporter.write_line(line, yellow=True)
+        say(said.format(len(servers)))
 
 
 @pytest.fixture(autouse=True)
@@ -164,6 +162,9 @@ def _forget_process_caches() -> Any:
     operating._pause_cache.clear()
     records._beats.clear()
     shards._down.clear()  # shards found down, left out of the puts' turn for a few seconds
+    # Whose turn the next put is: from the first shard, whatever this process ran before (under
+    # -n a process runs another share of the suite, in another order).
+    shards._turn = itertools.count()
     yield
     operating._pause_cache.clear()
     records._beats.clear()

@@ -15,6 +15,11 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
 # Unless named, a suffix of this run's own (its process id), set in the environment so that
 # the worker processes the tests start agree on it: two runs at once never share a database.
 SUFFIX = os.environ.setdefault("TASKLOOP_TEST_SUFFIX", f"p{os.getpid()}")
+# Tests spread over several pytest processes (run-tests.sh -n): each names its own databases,
+# throwaway servers' ports and temporary files (pytest-django suffixes only the databases).
+_XDIST = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _XDIST and not SUFFIX.endswith(_XDIST):
+    SUFFIX = os.environ["TASKLOOP_TEST_SUFFIX"] = f"{SUFFIX}{_XDIST}"
 TMP = tempfile.gettempdir()  # run-tests.sh points TMPDIR at a directory it removes afterwards
 
 _default = DATABASES["default"]

@@ -134,7 +134,7 @@ def claim_statement(call: Any) -> str:
     return sql
 
 
-@pytest.mark.skipif(not LINGERS, reason="SQLite claims keep no cursor")
+@pytest.mark.vendors("postgresql", "mysql")  # the LINGERS ones: SQLite claims keep no cursor
 def test_a_cursor_claim_is_one_range_of_the_claim_index(slow_looks):
     tube = Tube.objects.create_tube("cursor-plan", "fifo")
     for start in range(0, 20_000, 5_000):
@@ -171,7 +171,7 @@ def test_a_cursor_claim_is_one_range_of_the_claim_index(slow_looks):
             assert int(row["rows"]) < 1_000, row  # a range after the cursor, not the tube's all
 
 
-@pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's optimizer")
+@pytest.mark.vendors("mysql")  # MariaDB's optimizer
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("kind", ["fifo", "fifottl"])
 def test_behind_a_long_backlog_a_cursor_claim_still_starts_at_the_cursor(kind, slow_looks):
@@ -196,7 +196,7 @@ def test_behind_a_long_backlog_a_cursor_claim_still_starts_at_the_cursor(kind, s
     assert row["key"] == "taskloop_task_claim" and row["type"] == "range", (row, select)
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's MVCC horizon")
+@pytest.mark.vendors("postgresql")  # its MVCC horizon
 @pytest.mark.django_db(transaction=True)
 def test_with_a_transaction_held_open_a_cursor_claim_reads_few_pages(slow_looks):
     tube = Tube.objects.create_tube("cursor-held", "fifo")

@@ -25,9 +25,8 @@ from .workers_util import ROOT, child_env, wait_until, workers_command
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-servers_only = pytest.mark.skipif(
-    "connection.vendor == 'sqlite'", reason="SQLite keeps no old row versions (see the SQLite test)"
-)
+# SQLite keeps no old row versions (see the SQLite test).
+servers_only = pytest.mark.vendors("mysql", "postgresql")
 
 
 def gauge(text: str, name: str, **labels: str) -> float | None:
@@ -140,7 +139,7 @@ def test_the_watch_is_off_at_zero(settings):
         assert CleanupWatch().look() == []
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="dead row versions: PostgreSQL's count")
+@pytest.mark.vendors("postgresql")  # dead row versions: PostgreSQL's count
 def test_dead_rows_show_and_vacuum_clears_them():
     tube = Tube.objects.create_tube("cleanup-dead", "fifo")
     with held_transaction():

@@ -61,9 +61,8 @@ def test_counter_slots_of_different_nodes_never_meet(vendor):
     connection.close()
 
 
+@pytest.mark.vendors("mysql")  # node shares exist on MySQL/MariaDB (Galera) only
 def test_a_tube_counts_in_its_nodes_slots(vendor):
-    if vendor != "mysql":
-        pytest.skip("node shares exist on MySQL/MariaDB (Galera) only")
     tube = Tube.objects.create_tube("counted", "fifo")
     for offset in (1, 2, 3):
         tube.put(offset)

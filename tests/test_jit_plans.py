@@ -24,7 +24,7 @@ from django_taskloop.models import Tube
 from django_taskloop.models.tubes import ClaimCursor
 
 pytestmark = [
-    pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's JIT compiler"),
+    pytest.mark.vendors("postgresql"),  # its JIT compiler
     pytest.mark.django_db(transaction=True),
 ]
 

@@ -22,7 +22,7 @@ from django_taskloop.models import Task, Tube
 from django_taskloop.models.tubes import ClaimCursor
 
 pytestmark = [
-    pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's optimizer and its index hints"),
+    pytest.mark.vendors("mysql"),  # MariaDB's optimizer and its index hints
     pytest.mark.django_db(transaction=True),
 ]
 

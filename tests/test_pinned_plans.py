@@ -28,7 +28,7 @@ from django_taskloop.models.tubes import ClaimCursor
 from .held_util import held_transaction
 
 pytestmark = [
-    pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's planner"),
+    pytest.mark.vendors("postgresql"),  # its planner
     pytest.mark.django_db(transaction=True),
 ]
 

@@ -149,7 +149,7 @@ def test_no_dead_consumer_no_look_at_the_taken_tasks(busy_tube, settings):
     assert not any("taskloop_consumer" in sql and "taskloop_task" in sql for sql in seen), seen
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="what runs: PostgreSQL's EXPLAIN ANALYZE")
+@pytest.mark.vendors("postgresql")  # what runs: PostgreSQL's EXPLAIN ANALYZE
 def test_an_idle_poll_looks_at_the_taken_tasks_only_past_a_dead_consumer(busy_tube, settings):
     """The idle poll (one read for every tube) asks for a dead consumer first, in the same
     statement: with none, the look at the taken tasks is never executed."""

@@ -523,6 +523,7 @@ def test_a_ttr_under_two_heartbeats_is_refused_where_it_is_given(settings, ttr):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.vendors("sqlite")  # SQLite's single write lock
 def test_enqueue_inside_a_busy_caller_s_transaction_says_what_is_true():
     """SQLite: enqueue() inside the caller's atomic() while another writer holds the lock. No
     retry is possible there: the message says so (one try), and what to do instead."""
@@ -532,8 +533,6 @@ def test_enqueue_inside_a_busy_caller_s_transaction_says_what_is_true():
 
     from django_taskloop.exceptions import DatabaseBusy
 
-    if connection.vendor != "sqlite":
-        pytest.skip("SQLite's single write lock")
     connection.ensure_connection()
     lock = sqlite3.connect(connection.settings_dict["NAME"], timeout=30)
     try:

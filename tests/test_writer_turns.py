@@ -37,19 +37,18 @@ def _turn_is_free() -> bool:
 
 @pytest.fixture
 def sqlite_file(vendor):
-    if vendor != "sqlite":
-        pytest.skip("the turn file is SQLite's")
+    assert vendor == "sqlite", "the turn file is SQLite's: mark the test vendors('sqlite')"
 
 
+@pytest.mark.vendors("mysql", "postgresql")  # SQLite takes one (the tests below)
 def test_other_databases_take_no_turn(vendor):
-    if vendor == "sqlite":
-        pytest.skip("SQLite takes one (the tests below)")
     assert engine.data_files("default") == []
     tube = Tube.objects.create_tube("t", "fifo")
     tube.put(1)
     assert engine.run_in_transaction(Task, "default", lambda: tube.take_many(1, consumer="w"))
 
 
+@pytest.mark.vendors("sqlite")  # its turn file
 def test_a_write_transaction_holds_the_turn_until_it_commits(sqlite_file):
     tube = Tube.objects.create_tube("t", "fifo")
     tube.put("a")
@@ -68,6 +67,7 @@ def test_a_write_transaction_holds_the_turn_until_it_commits(sqlite_file):
     assert Task.objects.count() == 2
 
 
+@pytest.mark.vendors("sqlite")  # its turn file
 def test_the_on_commit_hooks_run_with_the_turn_free(sqlite_file):
     """A hook (a tube's on_task_change callback, say) may take long or write itself: the next
     writer's turn comes at the commit, not after the hooks."""
@@ -82,6 +82,7 @@ def test_the_on_commit_hooks_run_with_the_turn_free(sqlite_file):
     assert _turn_is_free() and Task.objects.count() == 1
 
 
+@pytest.mark.vendors("sqlite")  # its turn file
 def test_the_turn_is_let_go_when_the_work_fails(sqlite_file):
     def fail():
         raise ValueError("no")
@@ -98,6 +99,7 @@ def _write_when_told(tube_id: int, go: multiprocessing.Event, done: multiprocess
     connections.close_all()
 
 
+@pytest.mark.vendors("sqlite")  # its turn file
 def test_a_forked_child_waits_for_its_parents_turn(sqlite_file):
     """A lock belongs to the open file: a child that kept the descriptor it inherited would
     hold its parent's turn too, and write while the parent is mid-transaction."""

@@ -30,8 +30,9 @@ from typing import Any
 
 import pytest
 
+from tests.settings import SUFFIX  # one per pytest process (several under -n): see there
+
 ROOT = Path(__file__).resolve().parents[2]
-SUFFIX = os.environ.setdefault("TASKLOOP_TEST_SUFFIX", f"p{os.getpid()}")
 # One number per suffix, so that two suffixes' runs never share ports, subnets or names.
 _N = int(hashlib.sha1(SUFFIX.encode()).hexdigest(), 16) % 200 + 20
 BASE = Path(tempfile.gettempdir()) / f"taskloop_reliab_{SUFFIX}"

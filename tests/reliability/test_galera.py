@@ -29,7 +29,7 @@ from .conftest import DB_NAME, ROOT, django_env, run_remote
 from .galera import PROVIDER, Cluster, Proxy, status
 from .workers import OVERRIDES, SETTINGS, Workers, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vendors("mysql")]  # Galera is MariaDB's
 
 TASKS = 3_000
 BATCH = 50  # the r-tube handler's batch (workerapp)
@@ -38,8 +38,6 @@ BATCH = 50  # the r-tube handler's batch (workerapp)
 @pytest.fixture(scope="module")
 def galera(suite_vendor: str) -> Iterator[Cluster]:
     """A running three-node cluster with the suite's tables migrated on it."""
-    if suite_vendor != "mysql":
-        pytest.skip("Galera is MariaDB's: these tests run on MariaDB runs only")
     if not PROVIDER.exists():
         pytest.skip(f"galera is not installed ({PROVIDER} missing: apt-get install galera-4)")
     cluster = Cluster()

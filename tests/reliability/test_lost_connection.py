@@ -128,10 +128,9 @@ def paused_table(vendor):
     _drop_pause_trigger(vendor)
 
 
+@pytest.mark.vendors("mysql", "postgresql")  # SQLite is embedded: no server connection to kill
 @pytest.mark.parametrize("attempts", [1, 3])
 def test_connection_killed_by_the_server_mid_claim_rolls_back(paused_table, vendor, attempts):
-    if vendor == "sqlite":
-        pytest.skip("SQLite is embedded: there is no server connection to kill (see the kill -9 test)")
     for attempt in range(attempts):
         # Hold the pause lock, so that the claim stops after its first row's lease.
         _hold_pause_lock(vendor, True)
@@ -170,10 +169,9 @@ def test_connection_killed_by_the_server_mid_claim_rolls_back(paused_table, vend
             assert not Ticket.objects.filter(locked_by__isnull=False).exists()
 
 
+@pytest.mark.vendors("mysql", "postgresql")  # SQLite is embedded: no server connection to kill
 def test_next_call_after_a_lost_connection_reconnects(vendor):
     """The engine drops a connection the server killed: the caller's next call just works."""
-    if vendor == "sqlite":
-        pytest.skip("SQLite is embedded: there is no server connection to kill")
     Ticket.objects.bulk_create([Ticket(rank=i) for i in range(4)])
     outcome: dict[str, Any] = {}
     killed = threading.Event()

@@ -1,0 +1,188 @@
+"""Where each test runs, and that nothing is skipped unseen (a pytest plugin of the suite).
+
+- ``@pytest.mark.vendors("mysql", ...)``: a test of one database's behaviour. On another database
+  it is not collected (not skipped: nothing was wanted there), and the summary counts it.
+- Vendor-independent tests (:data:`VENDOR_INDEPENDENT`, marked ``vendor_independent``): what they
+  check does not depend on the database. CI runs them once per Django version, on its SQLite
+  leg; a leg with ``TASKLOOP_VENDOR_TESTS_ONLY=1`` (MariaDB, PostgreSQL) leaves them out and
+  says so.
+- Under ``-n`` (pytest-xdist): the tests that start their own servers share one process
+  (``--dist loadgroup``: one throwaway server at a time per run), and a test marked ``alone``
+  (it reads what the whole server does, such as its oldest transaction) runs while no other test
+  of the run does.
+- ``TASKLOOP_STRICT_SKIPS=1`` (CI): any skip fails the run. A test CI is meant to run that
+  cannot run here (a missing tool, browser or module) is a failure, not a line in a summary.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+#: Test modules whose outcome does not depend on the database vendor, and why. They still use a
+#: database (SQLite on the leg that runs them); what they check is the package's own logic,
+#: rendering or commands, whose SQL is the same ORM on every vendor and is covered, vendor by
+#: vendor, by the modules not listed here.
+VENDOR_INDEPENDENT: dict[str, str] = {
+    "tests/test_architecture.py": "the package's imports and sizes",
+    "tests/test_layers.py": "which module may import which",
+    "tests/test_stop_event.py": "a stop's signal handling, no database",
+    "tests/test_checks_settings.py": "the TASKLOOP setting's validation",
+    "tests/test_terminal.py": "the terminal's commands and output (the read model: tests/test_stats.py)",
+    "tests/test_task_names.py": "how a task is named",
+    "tests/test_task_names_admin.py": "task names in the admin's pages",
+    "tests/test_task_names_logs.py": "task names in the worker's log lines",
+    "tests/test_admin_boards.py": "the admin's pages and actions (their SQL: the verbs' own tests)",
+    "tests/test_admin_dashboard.py": "the admin's pages",
+    "tests/test_admin_lockable.py": "the admin's pages",
+    "tests/test_admin_loops.py": "the admin's pages and actions",
+    "tests/test_admin_operating.py": "the admin's pages and actions",
+    "tests/test_admin_results.py": "the admin's pages",
+    "tests/test_admin_tubes.py": "the admin's pages and actions",
+    "tests/browser/test_admin_browser.py": "the admin in a browser",
+    "tests/browser/test_admin_glance_browser.py": "the admin in a browser",
+    "tests/browser/test_task_names_browser.py": "the admin in a browser",
+}
+
+_SAID: list[str] = []
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line(
+        "markers", "vendors(*names): runs only on these databases (sqlite, mysql, postgresql)"
+    )
+    config.addinivalue_line(
+        "markers", "vendor_independent: the same on every database (CI runs it on SQLite only)"
+    )
+    config.addinivalue_line("markers", "alone: under -n, runs while no other test of the run does")
+
+
+def _vendor() -> str:
+    from django.conf import settings
+
+    engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+    return {"sqlite3": "sqlite"}.get(engine, engine)
+
+
+def say(line: str) -> None:
+    """Print ``line`` in the run's summary (under -n, from the process that collected it)."""
+    if line not in _SAID:
+        _SAID.append(line)
+
+
+def _deselect(config: Any, items: list[Any], leave: list[Any], said: str) -> None:
+    """Leave ``leave`` out of ``items`` and say so: ``said`` with their count."""
+    if leave:
+        config.hook.pytest_deselected(items=leave)
+        gone = set(map(id, leave))
+        items[:] = [item for item in items if id(item) not in gone]
+        say(said.format(len(leave)))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    from tests.reliability.conftest import SERVER_FIXTURES
+
+    vendor = _vendor()
+    workers = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if module in VENDOR_INDEPENDENT:
+            item.add_marker(pytest.mark.vendor_independent)
+        if workers and SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("servers"))
+    elsewhere = [
+        item
+        for item in items
+        if (marker := item.get_closest_marker("vendors")) is not None and vendor not in marker.args
+    ]
+    _deselect(config, items, elsewhere, f"{{}} test(s) of other databases' behaviour: not for {vendor}")
+    if os.environ.get("TASKLOOP_VENDOR_TESTS_ONLY") == "1":
+        independent = [item for item in items if item.get_closest_marker("vendor_independent")]
+        _deselect(
+            config,
+            items,
+            independent,
+            "{} vendor-independent test(s) left to the SQLite leg of this Django version "
+            "(TASKLOOP_VENDOR_TESTS_ONLY=1)",
+        )
+
+
+# -- alone, under -n ------------------------------------------------------------------------
+
+
+def _lock_path(name: str) -> str:
+    # run-tests.sh gives every run a temporary directory of its own, which its pytest processes
+    # share: the locks are this run's.
+    return os.path.join(tempfile.gettempdir(), f"taskloop-tests-{name}.lock")
+
+
+@contextmanager
+def _turn(alone: bool) -> Iterator[None]:
+    """Every test holds the run's lock shared, a test that must be alone holds it exclusively.
+    A turnstile in front keeps a waiting ``alone`` test from being starved by the others."""
+    with open(_lock_path("turnstile"), "a") as turnstile, open(_lock_path("tests"), "a") as tests:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(tests, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(tests, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
+    # Around the whole protocol (setup, call, teardown), before any fixture opens a transaction.
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    with _turn(item.get_closest_marker("alone") is not None):
+        yield
+
+
+# -- nothing skipped unseen ------------------------------------------------------------------
+
+_SKIPPED: list[str] = []
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    if report.skipped and os.environ.get("TASKLOOP_STRICT_SKIPS") == "1":
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _SKIPPED.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Under -n the summary is printed by the controller: hand it what was said here.
+        session.config.workeroutput["taskloop_said"] = list(_SAID)
+    elif _SKIPPED:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    for line in getattr(node, "workeroutput", {}).get("taskloop_said", []):
+        say(line)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in _SAID:
+        terminalreporter.write_line(line, yellow=True)
+    if _SKIPPED:
+        terminalreporter.write_line(
+            f"TASKLOOP_STRICT_SKIPS=1: {len(_SKIPPED)} test(s) skipped that this run is meant to run:",
+            red=True,
+        )
+        for line in _SKIPPED:
+            terminalreporter.write_line(f"  {line}", red=True)
