@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from django.db import connections
 
+pytest_plugins = ["tests.clock"]
+
 
 def _child(target: Callable[..., Any], args: Sequence[Any], queue: Any, barrier: Any) -> None:
     # The parent closed its connections before forking, so each child opens its own.
