@@ -11,11 +11,14 @@ add fixtures to every pytest run on the machine. The fixtures need pytest-django
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-__all__ = ["taskloop_run_queued", "taskloop_immediate"]
+if TYPE_CHECKING:
+    from .testing import Clock
+
+__all__ = ["taskloop_run_queued", "taskloop_immediate", "taskloop_clock"]
 
 
 @pytest.fixture
@@ -36,3 +39,15 @@ def taskloop_immediate(db: Any) -> Iterator[None]:
 
     with immediate():
         yield
+
+
+@pytest.fixture
+def taskloop_clock() -> Iterator[Clock]:
+    """A :class:`~django_taskloop.testing.Clock`: ``taskloop_clock.advance(seconds)`` moves this
+    process's view of the database's clock forward, so that delays, ttls, claims and backoffs
+    end without sleeping (worker subprocesses do not see it: see
+    :func:`~django_taskloop.testing.advance_clock`). Back on the real clock at teardown."""
+    from .testing import controlled_clock
+
+    with controlled_clock() as clock:
+        yield clock

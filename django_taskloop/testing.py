@@ -21,8 +21,13 @@ worker sends them (Django logs them). The worker's bookkeeping is left out: no `
 no throughput counts, no lease renewal (a task that runs longer than its ``ttr`` loses its lease
 and runs again, as it would under a worker that stopped beating).
 
+Time that code under test waits for on the database's clock (a ``run_after``, a retry's
+backoff, a tube task's delay, ttl or ttr, a job's claim, a lock's expiry) need not pass:
+:func:`advance_clock` moves this process's view of that clock forward, and
+:func:`reset_clock` (or the block of :func:`controlled_clock`) puts it back.
+
 pytest users: ``pytest_plugins = ["django_taskloop.pytest_plugin"]`` in ``conftest.py`` adds the
-fixtures ``taskloop_run_queued`` and ``taskloop_immediate``.
+fixtures ``taskloop_run_queued``, ``taskloop_immediate`` and ``taskloop_clock``.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from django.db import connections, router, transaction
 from django.test import TestCase, override_settings
 from django.utils.module_loading import import_string
 
+from . import engine
 from .backends import (
     TaskloopBackend,
     result_id_of,
@@ -67,6 +73,10 @@ __all__ = [
     "run_queued",
     "commit_and_run_queued",
     "immediate",
+    "Clock",
+    "advance_clock",
+    "reset_clock",
+    "controlled_clock",
 ]
 
 #: Most tasks one :func:`run_queued` (or one enqueue in immediate mode) runs before it stops
@@ -177,6 +187,73 @@ def _is_taskloop(config: dict[str, Any]) -> bool:
     except ImportError:
         return False
     return isinstance(backend, type) and TaskloopBackend is not None and issubclass(backend, TaskloopBackend)
+
+
+def advance_clock(seconds: float) -> float:
+    """Move this process's view of the database's clock ``seconds`` forward (more than 0, may
+    be fractional; calls add up) and return how far it is ahead now.
+
+    Every deadline of django-taskloop is written and compared by the database's clock; from
+    now on each statement this process sends reads that clock plus the sum of the advances,
+    so a delay, a ttl or ttr, a claim's or lock's expiry, a ``run_after`` or a retry's backoff
+    ends without waiting for it. Rows written before the advance keep the times they were
+    written with (they now look older), rows written after it are written on the moved clock.
+
+    It moves **only this process's** clock: worker subprocesses, other hosts and the database
+    itself (its defaults, its triggers) still read the real one, and a worker started as
+    another process will not see the time pass. Nothing is slept; Python's own clocks
+    (``time``, ``timezone.now()``) do not move either.
+
+    It stays moved until :func:`reset_clock`: reset it after each test (the block of
+    :func:`controlled_clock` or the pytest fixture ``taskloop_clock`` does), or every later
+    test runs in the future.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"seconds must be a number, not {type(seconds).__name__}")
+    if not seconds > 0:
+        raise ValueError(f"seconds must be more than 0, not {seconds!r}")
+    engine.set_clock_offset(engine.clock_offset() + seconds)
+    return engine.clock_offset()
+
+
+def reset_clock() -> None:
+    """Put this process's view of the database's clock back on the real clock (undo every
+    :func:`advance_clock`)."""
+    engine.set_clock_offset(0.0)
+
+
+class Clock:
+    """This process's view of the database's clock in a test (see :func:`controlled_clock`)."""
+
+    def advance(self, seconds: float) -> float:
+        """:func:`advance_clock`: move the clock ``seconds`` forward; return how far it is ahead."""
+        return advance_clock(seconds)
+
+    @property
+    def offset(self) -> float:
+        """How many seconds this process's database clock is ahead of the real one."""
+        return engine.clock_offset()
+
+    def reset(self) -> None:
+        """:func:`reset_clock`: back on the real clock."""
+        reset_clock()
+
+
+@contextmanager
+def controlled_clock() -> Iterator[Clock]:
+    """Yield a :class:`Clock` whose ``advance(seconds)`` moves this process's view of the
+    database's clock forward (see :func:`advance_clock`: worker subprocesses do not see it);
+    the clock is back on the real one when the block ends, however it ends::
+
+        with controlled_clock() as clock:
+            tube.put("x", delay=60)
+            clock.advance(61)
+            assert tube.take(timeout=0) is not None
+    """
+    try:
+        yield Clock()
+    finally:
+        reset_clock()
 
 
 if TASKS_AVAILABLE:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
@@ -25,18 +23,18 @@ def viewer(client):
 
 
 @pytest.fixture
-def board():
+def board(clock):
     """Jobs a (unclaimed, HIGH), b (claimed by w1), c (claim expired), d (trashed), on "builds"."""
     board = JobBoard.objects.create_board("builds")
     other = JobBoard.objects.create_board("other")
     board.post("job-a", {"n": 1}, priority="HIGH")
-    board.claim(board.post("job-b"), "w1", expiry=600)
-    board.claim(board.post("job-c", priority="LOW"), "w2", expiry=0.01)
+    board.claim(board.post("job-b"), "w1", expiry=661)  # 600 s left once the clock moves below
+    board.claim(board.post("job-c", priority="LOW"), "w2", expiry=60)
     d = board.post("job-d")
     board.claim(d, "w3")
     board.trash(d, "w3")
     other.post("job-e", priority="VERY_LOW")
-    time.sleep(0.05)
+    clock.advance(61)  # job-c's claim expires (the test goes on at this time)
     return board
 
 

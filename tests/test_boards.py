@@ -283,14 +283,18 @@ def test_verbs_inside_callers_transaction_roll_back_with_it(board):
 
 
 @pytest.mark.slow
-def test_claim_with_expiry_lapses_and_another_can_claim(board):
+def test_claim_with_expiry_lapses_and_another_can_claim(board, clock):
     job = board.post("j")
-    board.claim(job, "ann", expiry=0.5)
+    board.claim(job, "ann", expiry=60)
     assert job.state == "CLAIMED" and job.owner == "ann"
-    assert 0 < job.expires_in() <= 0.5
+    assert 0 < job.expires_in() <= 60
     with pytest.raises(UnclaimableJob):
         board.claim(job, "bob")
-    time.sleep(0.8)
+    clock.advance(30)
+    assert job.state == "CLAIMED" and 0 < job.expires_in() <= 30
+    with pytest.raises(UnclaimableJob):
+        board.claim(job, "bob")
+    clock.advance(31)
     assert job.state == "UNCLAIMED"
     assert job.owner is None and board.find_owner(job) is None
     assert job.expires_in() == -2
@@ -429,7 +433,7 @@ def test_job_count_and_find_owner(board):
     assert JobBoard.objects.create_board("empty").job_count == 0
 
 
-def test_last_modified_changes_on_claim_abandon_and_trash(board):
+def test_last_modified_changes_on_claim_abandon_and_trash(board, clock):
     job = board.post("j")
     stamps = [Job.objects.get(pk=job.pk).last_modified]
     for step in (
@@ -437,10 +441,10 @@ def test_last_modified_changes_on_claim_abandon_and_trash(board):
         lambda: board.abandon(job, "a"),
         lambda: board.claim(job, "a"),
     ):
-        time.sleep(0.01)
+        clock.advance(1)
         step()
         stamps.append(Job.objects.get(pk=job.pk).last_modified)
-    time.sleep(0.01)
+    clock.advance(1)
     board.trash(job, "a")
     stamps.append(Job.objects.get(pk=job.pk).last_modified)
     assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
@@ -531,7 +535,7 @@ def received():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_signals_fire_after_commit_only(received):
+def test_signals_fire_after_commit_only(received, clock):
     board = JobBoard.objects.create_board("s")
     with transaction.atomic():
         a = board.post("a")
@@ -543,11 +547,13 @@ def test_signals_fire_after_commit_only(received):
     assert received == [("posted", "a")]
     board.claim(a, "w")
     board.abandon(a, "w")
-    board.claim(a, "w", expiry=0.01)  # expiring is not a removal either
+    board.claim(a, "w", expiry=60)  # expiring is not a removal either
     assert received == [("posted", "a")]
     board.claim(board.post("b"), "w")
     board.consume(Job.objects.get(name="b"), "w")
-    time.sleep(0.05)  # a's claim expires
+    clock.advance(30)
+    assert board.claim_next("w") is None  # a's claim holds
+    clock.advance(31)  # a's claim expires
     c = board.claim_next("w")
     with transaction.atomic():
         board.trash(c, "w")
@@ -566,11 +572,11 @@ def test_signals_fire_after_commit_only(received):
 # -- register_entity -------------------------------------------------------------------------
 
 
-def test_register_entity_heartbeats(board):
+def test_register_entity_heartbeats(board, clock):
     first = board.register_entity("conductor", "c1@host:1", {"pid": 1})
     assert (first.kind, first.name, first.metadata) == ("conductor", "c1@host:1", {"pid": 1})
     assert abs((db_now() - first.last_seen).total_seconds()) < 5
-    time.sleep(0.01)
+    clock.advance(1)
     second = board.register_entity("conductor", "c1@host:1")
     assert second.pk == first.pk and second.last_seen > first.last_seen
     assert second.metadata == {"pid": 1}  # no metadata: keep what was registered

@@ -51,19 +51,23 @@ def test_claim_includes_own_rows_and_refreshes_them():
         assert t.lock_expires_at > first[0].lock_expires_at
 
 
-def test_expired_locks_are_claimable_by_others():
+def test_expired_locks_are_claimable_by_others(clock):
     make(2)
-    Ticket.objects.claim("ed", 2, lock_for=0.2)
+    Ticket.objects.claim("ed", 2, lock_for=60)
     assert Ticket.objects.claim("bob", 2) == []
-    time.sleep(0.35)
+    clock.advance(30)
+    assert Ticket.objects.claim("bob", 2) == []
+    clock.advance(31)
     assert len(Ticket.objects.claim("bob", 2)) == 2
 
 
-def test_release_and_release_expired_count_rows():
+def test_release_and_release_expired_count_rows(clock):
     make(6)
     Ticket.objects.claim("ed", 2)
-    Ticket.objects.claim("bob", 2, lock_for=0.05)
-    time.sleep(0.15)
+    Ticket.objects.claim("bob", 2, lock_for=60)
+    clock.advance(30)
+    assert Ticket.objects.release_expired() == 0
+    clock.advance(31)
     assert Ticket.objects.release_expired() == 2
     assert Ticket.objects.release("bob") == 0
     assert Ticket.objects.all().release("ed") == 2

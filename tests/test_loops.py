@@ -254,7 +254,7 @@ def test_min_loop_time_only_filters_idle_rows(kind):
     assert model.objects.claim(100, min_loop_time=5) == [*expected, ids[15]]
 
 
-def test_min_loop_time_zero_and_negative_admit_just_updated_rows(kind):
+def test_min_loop_time_zero_and_negative_admit_just_updated_rows(kind, clock):
     model = kind.model
     ids = kind.ids(3)
     model.objects.add(ids)
@@ -262,7 +262,7 @@ def test_min_loop_time_zero_and_negative_admit_just_updated_rows(kind):
     assert model.objects.claim(5) == [ids[0]]
     assert model.objects.claim(5, min_loop_time=-60) == ids[1:]
     model.objects.did(ids)
-    time.sleep(0.01)
+    clock.advance(1)
     assert model.objects.claim(5, min_loop_time=0) == ids
 
 
@@ -282,13 +282,15 @@ def test_claim_locks_for_lock_for_seconds_on_the_db_clock(kind):
 
 
 @pytest.mark.slow
-def test_expired_locks_come_back_first(kind):
+def test_expired_locks_come_back_first(kind, clock):
     model = kind.model
     ids = kind.ids(4)
     model.objects.add(ids)
-    assert model.objects.claim(2, lock_for=0.3) == ids[:2]
-    assert model.objects.claim(1, lock_for=100) == [ids[2]]
-    time.sleep(0.5)
+    assert model.objects.claim(2, lock_for=60) == ids[:2]
+    assert model.objects.claim(1, lock_for=600) == [ids[2]]
+    clock.advance(30)
+    assert all(0 < locked_for <= 30 for _, locked_for in model.objects.status(ids[:2]).values())
+    clock.advance(31)
     # Expired locks are group 1: ahead of the never-updated ids[3].
     assert model.objects.claim(10) == [ids[0], ids[1], ids[3]]
 
@@ -465,13 +467,15 @@ def test_bump_only_ever_lowers_lock_until(kind):
     assert model.objects.bump(ids, lock_for=-6) == 3
 
 
-def test_bump_with_positive_lock_for_locks_first_then_prioritizes(kind):
+def test_bump_with_positive_lock_for_locks_first_then_prioritizes(kind, clock):
     model = kind.model
     ids = kind.ids(3)
     model.objects.add(ids)
-    assert model.objects.bump(ids[2], lock_for=0.3) == 1
+    assert model.objects.bump(ids[2], lock_for=60) == 1
     assert model.objects.claim(10) == ids[:2]
-    time.sleep(0.45)
+    clock.advance(30)
+    assert model.objects.claim(10) == []
+    clock.advance(31)
     assert model.objects.claim(10) == [ids[2]]
 
 

@@ -56,15 +56,14 @@ def test_metrics_need_staff_or_the_bearer_token(client, settings, django_user_mo
     assert scrape(client)[0] == 403  # logged in, not staff
 
 
-def test_a_scrape_changes_nothing(boss):
-    tube = Tube.objects.create_tube("t", "fifottl", ttr=0.01)
+def test_a_scrape_changes_nothing(boss, clock):
+    tube = Tube.objects.create_tube("t", "fifottl", ttr=60)
     tube.put("x")
     taken = tube.take(0)
-    import time
-
-    time.sleep(0.05)  # its ttr ran out: a read must not return it to ready
+    clock.advance(61)  # its ttr ran out: a read must not return it to ready
     scrape(boss)
     assert tube.tasks.all().get(pk=taken.id).state == "t"
+    assert tube.peek(taken.id).state == "r"  # (a verb does: the ttr did run out)
 
 
 def test_expired_task_is_not_ready_in_metrics(boss):

@@ -24,10 +24,12 @@ from tests.testapp.models import WorkerLoop
 pytestmark = pytest.mark.django_db
 
 
-def test_expired_loop_locks_are_reported_and_left_first_in_line():
+def test_expired_loop_locks_are_reported_and_left_first_in_line(clock):
     WorkerLoop.objects.add([1, 2, 3])
-    assert sorted(WorkerLoop.objects.claim(2, lock_for=0.1)) == [1, 2]
-    time.sleep(0.25)
+    assert sorted(WorkerLoop.objects.claim(2, lock_for=60)) == [1, 2]
+    clock.advance(30)
+    assert reap()["loops"]["testapp.workerloop"] == {"expired_locks": 0}
+    clock.advance(31)
     report = reap()
     assert report["loops"]["testapp.workerloop"] == {"expired_locks": 2}
     # Not cleared: doloop ranks them first, ahead of the never-updated id 3.
@@ -35,29 +37,36 @@ def test_expired_loop_locks_are_reported_and_left_first_in_line():
     assert sorted(WorkerLoop.objects.claim(2)) == [1, 2]
 
 
-def test_expired_job_claims_are_cleared():
+def test_expired_job_claims_are_cleared(clock):
     board = JobBoard.objects.create_board("reap-board")
     job = board.post("a")
     board.post("b")
-    board.claim(job, "ed", expiry=0.1)
-    time.sleep(0.25)
+    board.claim(job, "ed", expiry=60)
+    clock.advance(30)
+    assert reap()["boards"]["reap-board"] == {"expired_claims": 0}
+    assert Job.objects.get(uuid=job.uuid).claimed_by == "ed"
+    clock.advance(31)
     report = reap()
     assert report["boards"]["reap-board"] == {"expired_claims": 1}
     assert Job.objects.get(uuid=job.uuid).claimed_by is None
     assert reap()["boards"]["reap-board"] == {"expired_claims": 0}
 
 
-def test_tube_transitions_are_applied_and_counted_per_tube():
+def test_tube_transitions_are_applied_and_counted_per_tube(clock):
     tube = Tube.objects.create_tube("reap-ttl", "fifottl")
-    tube.put("later", delay=0.8)
+    tube.put("later", delay=30)
     taken = tube.put("run")
     assert tube.take(0, consumer="ed").id == taken.id
     Tube.objects.create_tube("reap-other", "fifo")
-    # A ttr that runs out quickly, on a task taken now.
-    short = Tube.objects.create_tube("reap-ttr", "fifottl", ttr=0.1)
+    # A shorter ttr, on a task taken now.
+    short = Tube.objects.create_tube("reap-ttr", "fifottl", ttr=20)
     short.put("x")
     short.take(0, consumer="ed")
-    time.sleep(1.0)
+    clock.advance(15)
+    early = reap()
+    assert (early["tubes"]["reap-ttl"]["delay"], early["tubes"]["reap-ttr"]["ttr"]) == (0, 0)
+    # 31 s in all: the delay and the ttr ran out, ed (CONSUMER_TIMEOUT 60 s) is alive.
+    clock.advance(16)
     report = reap()
     assert report["tubes"]["reap-ttl"]["delay"] == 1
     assert report["tubes"]["reap-ttr"]["ttr"] == 1
@@ -65,12 +74,14 @@ def test_tube_transitions_are_applied_and_counted_per_tube():
     assert tube.peek(taken.id).state == "t"
 
 
-def test_a_dead_consumers_tasks_go_back():
+def test_a_dead_consumers_tasks_go_back(clock):
     tube = Tube.objects.create_tube("reap-fifo", "fifo")
     tube.put("x")
     task = tube.take(0, consumer="gone")
-    with override_settings(TASKLOOP={"CONSUMER_TIMEOUT": 0.1}):
-        time.sleep(0.3)
+    with override_settings(TASKLOOP={"CONSUMER_TIMEOUT": 60}):
+        clock.advance(30)
+        assert reap()["tubes"]["reap-fifo"]["release"] == 0
+        clock.advance(31)
         report = reap()
     assert report["tubes"]["reap-fifo"]["release"] == 1
     assert tube.peek(task.id).state == "r"

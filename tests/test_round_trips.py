@@ -8,7 +8,6 @@ say that a put opens no transaction of its own (autocommit: one round trip).
 from __future__ import annotations
 
 import datetime as dt
-import time
 
 import pytest
 from django.db import connection, transaction
@@ -18,6 +17,7 @@ from django_taskloop.backends import result_id_of
 from django_taskloop.engine import db_now, features
 from django_taskloop.exceptions import NotFound
 from django_taskloop.models import Task, TaskRecord, Tube
+from django_taskloop.models.tubes import base as tubes_base
 
 from .workers_util import add
 
@@ -119,7 +119,7 @@ def test_a_django_task_enqueue_inside_a_transaction_is_one_insert():
     assert queued.data["args"] == [2, 3]
 
 
-def test_derived_put_counts_every_put_and_nothing_rolled_back():
+def test_derived_put_counts_every_put_and_nothing_rolled_back(clock):
     tube = Tube.objects.create_tube("count", "fifottl")
     tube.put(1)
     tube.put_many([2, 3, 4])
@@ -128,8 +128,10 @@ def test_derived_put_counts_every_put_and_nothing_rolled_back():
         transaction.set_rollback(True)
     tube.ack(tube.take(0).pk)  # done: still counted as put
     tube.delete_task(tube.take(0).pk)
-    tube.put(6, ttl=0.001)
-    time.sleep(0.05)
+    six = tube.put(6, ttl=60)
+    clock.advance(30)
+    assert tube.peek(six.pk).state == "r"
+    clock.advance(31)
     assert tube.truncate() == 2  # the ttl of 6 ran out first: removed, counted as ttl and done
     stats = tube.statistics()
     assert stats["calls"]["put"] == 5
@@ -200,7 +202,8 @@ def test_a_workers_batch_acknowledges_and_claims_in_one_transaction(monkeypatch)
     opened = []
     real_atomic = transaction.Atomic.__enter__
     monkeypatch.setattr(transaction.Atomic, "__enter__", lambda self: opened.append(1) or real_atomic(self))
-    time.sleep(0.3)  # past the worker's due-transition probe interval: the probe is counted too
+    # As if the worker's due-transition probe interval had passed: the probe is counted too.
+    tubes_base._due_checks.clear()
     with CaptureQueriesContext(connection) as queries:
         acked, taken = tube.ack_and_take([t.pk for t in first], 100, consumer="w")
     assert acked == 100 and len(taken) == 100

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -151,9 +150,11 @@ def test_a_callable_backoff_delays_the_retry():
 
 
 @pytest.mark.django_db
-def test_ttl_a_task_not_started_in_time_fails_and_is_never_called():
+def test_ttl_a_task_not_started_in_time_fails_and_is_never_called(clock):
     result = t.short_lived.enqueue("late")
-    time.sleep(0.4)  # its ttl is 0.2 s
+    clock.advance(30)  # its ttl is 60 s
+    assert status(result) == "READY"
+    clock.advance(31)
     assert status(result) == "FAILED"
     assert run_queued() == 1
     assert error_classes(result) == ["django_taskloop.exceptions.TaskExpired"]

@@ -170,17 +170,19 @@ def test_release_without_delay_is_taken_again_first(type):
 
 
 @pytest.mark.parametrize("type", TTL)
-def test_release_with_delay_delays_and_extends_ttl(type):
-    tube = make(type, ttl=50, ttr=20)
+def test_release_with_delay_delays_and_extends_ttl(type, clock):
+    tube = make(type, ttl=500, ttr=200)
     task = tube.put("x")
     tube.take()
-    released = tube.release(task.pk, delay=0.3)
+    released = tube.release(task.pk, delay=60)
     assert released.state == "~"
     # The delay extends the lifetime.
-    assert 0.25 < (released.ttl_at - task.ttl_at).total_seconds() < 2
+    assert 59.5 < (released.ttl_at - task.ttl_at).total_seconds() < 62
     assert tube.take() is None
     assert tube.peek(task.pk).state == "~"
-    time.sleep(0.5)
+    clock.advance(30)
+    assert tube.peek(task.pk).state == "~"
+    clock.advance(31)
     assert tube.peek(task.pk).state == "r"
     assert tube.take().pk == task.pk
     assert calls(tube) == {"put": 1, "take": 2, "release": 1, "delay": 1}
@@ -296,16 +298,18 @@ def test_touch_rules(type):
 
 
 @pytest.mark.parametrize("type", TTL)
-def test_ttl_removes_ready_buried_and_taken_tasks(type):
+def test_ttl_removes_ready_buried_and_taken_tasks(type, clock):
     tube = make(type)
-    ready = tube.put("r", ttl=0.8, utube="a")
-    buried = tube.bury(tube.put("b", ttl=0.8, utube="b").pk)
-    taken = tube.put("t", ttl=0.8, utube="c")
+    ready = tube.put("r", ttl=60, utube="a")
+    buried = tube.bury(tube.put("b", ttl=60, utube="b").pk)
+    taken = tube.put("t", ttl=60, utube="c")
     long = tube.put("long", utube="d")
     tube.take(consumer="me")  # ready, ttr defaults to infinite: the ttl bounds the take
     got = tube.take(consumer="me")
     assert got.pk == taken.pk and buried.state == "!"
-    time.sleep(1.0)
+    clock.advance(30)
+    assert [tube.peek(task.pk).state for task in (ready, buried, taken)] == ["t", "!", "t"]
+    clock.advance(31)
     for task in (ready, buried, taken):
         with pytest.raises(NotFound):
             tube.peek(task.pk)
@@ -321,13 +325,16 @@ def test_ttl_removes_ready_buried_and_taken_tasks(type):
 
 
 @pytest.mark.parametrize("type", TTL)
-def test_ttr_returns_a_taken_task_to_ready(type):
-    tube = make(type, ttr=0.3)
-    task = tube.put("x", ttl=60)  # a per-put ttl does not change the default ttr
+def test_ttr_returns_a_taken_task_to_ready(type, clock):
+    tube = make(type, ttr=60)
+    task = tube.put("x", ttl=600)  # a per-put ttl does not change the default ttr
     taken = tube.take(consumer="slow")
-    assert taken.ttr == 0.3
+    assert taken.ttr == 60
     assert tube.take(consumer="other") is None
-    time.sleep(0.5)
+    clock.advance(30)
+    assert tube.take(consumer="other") is None
+    assert tube.peek(task.pk).state == "t"
+    clock.advance(31)
     assert tube.peek(task.pk).state == "r"
     with pytest.raises(NotTaken):
         tube.ack(task.pk, consumer="slow")
@@ -344,16 +351,18 @@ def test_default_ttr_follows_tube_ttr_then_tube_ttl():
 
 
 @pytest.mark.parametrize("type", TTL)
-def test_delay_then_ready_and_delay_extends_ttl(type):
+def test_delay_then_ready_and_delay_extends_ttl(type, clock):
     tube = make(type)
-    # A delay long enough that a loaded CI machine still sees the task delayed below.
-    task = tube.put("x", delay=1.5, ttl=3)
+    task = tube.put("x", delay=60, ttl=120)
     assert task.state == "~"
     # The ttl counts from the end of the delay: the task lives delay + ttl.
-    assert 2.95 < (task.ttl_at - task.event_at).total_seconds() < 3.05
+    assert 119.95 < (task.ttl_at - task.event_at).total_seconds() < 120.05
     assert tube.take() is None
     assert tube.statistics()["tasks"]["delayed"] == 1
-    time.sleep(1.8)
+    clock.advance(30)
+    assert tube.take() is None
+    assert tube.statistics()["tasks"]["delayed"] == 1
+    clock.advance(31)
     got = tube.take()
     assert got is not None and got.pk == task.pk
     assert calls(tube) == {"put": 1, "take": 1, "delay": 1}
@@ -513,12 +522,17 @@ def test_on_task_change_events_after_commit(django_capture_on_commit_callbacks):
     assert len(seen) == 8
 
 
-def test_on_task_change_reports_ttl_as_delete_then_ttl(django_capture_on_commit_callbacks):
+def test_on_task_change_reports_ttl_as_delete_then_ttl(django_capture_on_commit_callbacks, clock):
     seen = []
     tube = make("fifottl", on_task_change=lambda task, event: seen.append((task.state, event)))
     with django_capture_on_commit_callbacks(execute=True):
-        tube.put("x", ttl=0.2)
-    time.sleep(0.3)
+        task = tube.put("x", ttl=60)
+    clock.advance(30)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert tube.peek(task.pk).state == "r"
+        tube.statistics()
+    assert seen == [("r", "put")]
+    clock.advance(31)
     with django_capture_on_commit_callbacks(execute=True):
         assert tube.take() is None
         tube.statistics()
@@ -685,15 +699,16 @@ def test_drop_refuses_while_a_consumer_waits():
 
 
 @pytest.mark.parametrize("type", ALL)
-def test_a_dead_consumers_tasks_go_back_to_ready(type, settings):
-    settings.TASKLOOP = {"CONSUMER_TIMEOUT": 1.0}
+def test_a_dead_consumers_tasks_go_back_to_ready(type, settings, clock):
+    settings.TASKLOOP = {"CONSUMER_TIMEOUT": 60.0}
     tube = make(type)
     task = tube.put("x")
     tube.take(consumer="dies")
     assert Consumer.objects.filter(name="dies").exists()
     assert tube.take(consumer="lives") is None
-    time.sleep(1.3)
-    tubes_module._stale_checks.clear()  # as if a second had passed since this process looked
+    clock.advance(30)
+    assert tube.peek(task.pk).state == "t"
+    clock.advance(31)  # (the clock's move also lets this process look for the dead again at once)
     assert tube.peek(task.pk).state == "r"
     assert tube.take(consumer="lives").pk == task.pk
     with pytest.raises(NotTaken):
@@ -702,16 +717,18 @@ def test_a_dead_consumers_tasks_go_back_to_ready(type, settings):
     assert tube.statistics()["calls"]["release"] == 1
 
 
-def test_reap_applies_every_transition_and_counts_them(settings):
-    settings.TASKLOOP = {"CONSUMER_TIMEOUT": 0.3}
+def test_reap_applies_every_transition_and_counts_them(settings, clock):
+    settings.TASKLOOP = {"CONSUMER_TIMEOUT": 60.0}
     fifo, ttl = make("fifo", "a"), make("fifottl", "b")
     fifo.put(1)
     fifo.take(consumer="dies")
-    ttl.put("gone", ttl=0.2)
-    ttl.put("later", delay=0.2)
-    ttl.put("run", ttr=0.2)
+    ttl.put("gone", ttl=40)
+    ttl.put("later", delay=40)
+    ttl.put("run", ttr=40)
     ttl.take(consumer="slow")
-    time.sleep(0.45)
+    clock.advance(30)
+    assert Tube.objects.reap() == {"delay": 0, "ttr": 0, "ttl": 0, "release": 0, "consumers": 0}
+    clock.advance(31)
     assert Tube.objects.reap() == {"delay": 1, "ttr": 1, "ttl": 1, "release": 1, "consumers": 2}
     assert Tube.objects.reap() == {"delay": 0, "ttr": 0, "ttl": 0, "release": 0, "consumers": 0}
     assert fifo.statistics()["tasks"]["ready"] == 1

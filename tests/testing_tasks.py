@@ -112,7 +112,7 @@ def holds_the_slot(name: str, wait: float) -> str:
     return str(late.id)
 
 
-@task(ttl=0.2)
+@task(ttl=60)
 def short_lived(name: str) -> str:
     log(name)
     return name

@@ -8,7 +8,8 @@ claim writes. The engine owns every statement and every difference between datab
 Its modules, by job:
 
 - :mod:`.vendor`: the dialect — :class:`Features`, the database clock (:class:`DbNow`,
-  :class:`Shifted`), indexes, retryable errors, SQLite's writer turns, notifications;
+  :class:`Shifted`; tests move it with :func:`set_clock_offset`), indexes, retryable errors,
+  SQLite's writer turns, notifications;
 - :mod:`.transactions`: write transactions and their retries;
 - :mod:`.insert`: a put's one ``INSERT``, rows together, rows by key;
 - :mod:`.claim`: claims, acknowledge-and-claim, rows locked for a change of one's own;
@@ -43,6 +44,7 @@ from .vendor import (
     PartialIndex,
     Shifted,
     batched,
+    clock_offset,
     data_files,
     db_now,
     estimated_row_count,
@@ -54,7 +56,9 @@ from .vendor import (
     listen_params,
     node_share,
     notifying,
+    on_clock_change,
     send_notify,
+    set_clock_offset,
     supported,
     take_write_lock,
     to_datetime,
@@ -70,6 +74,9 @@ __all__ = [
     "PartialIndex",
     "NullsFirstIndex",
     "db_now",
+    "clock_offset",
+    "set_clock_offset",
+    "on_clock_change",
     "data_files",
     "to_datetime",
     "features",

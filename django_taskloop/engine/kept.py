@@ -19,13 +19,15 @@ from django.db.models import DateField, DateTimeField, Field, Model, Q, QuerySet
 
 from . import compiler
 from .cursor import Resume, order_attributes
-from .vendor import DbNow, batched, features, notifying
+from .vendor import DbNow, batched, features, notifying, on_clock_change
 
 T = TypeVar("T")
 
 #: How many compiled statements a process keeps.
 KEPT_STATEMENTS = 256
 _kept: dict[Hashable, Any] = {}
+# A kept statement holds the database's clock as it was compiled (a test may move it).
+on_clock_change(_kept.clear)
 
 
 def keep(key: Hashable, build: Callable[[], T]) -> T:
@@ -347,6 +349,7 @@ class OneRowInsert:
 
 
 _one_row_inserts: dict[tuple[Any, ...], OneRowInsert] = {}
+on_clock_change(_one_row_inserts.clear)
 
 
 def _own_pre_save(field: Any) -> bool:
@@ -363,12 +366,13 @@ _PLAIN = frozenset({int, str, float, bool, dict, list, datetime.datetime})
 
 def _shape_of(field: Any, obj: Model) -> bool | None:
     """A field's part of a statement's shape: None for a plain value, else whether its
-    :class:`DbNow` has an offset (which adds a parameter). Other expressions raise TypeError."""
+    :class:`DbNow` has an offset, its own or the test clock's (which adds a parameter). Other
+    expressions raise TypeError."""
     value = getattr(obj, field.attname)
     if value is None or type(value) in _PLAIN:
         return None
     if isinstance(value, DbNow):
-        return bool(value.seconds)
+        return bool(value.total)
     if hasattr(value, "resolve_expression"):
         raise TypeError(value)
     return None

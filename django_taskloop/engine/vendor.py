@@ -122,11 +122,49 @@ def features(using: str) -> Features:
     return _features(using, connection.vendor, skip, of, returning)
 
 
+# -- the test clock ------------------------------------------------------------------------------
+
+#: Seconds this process adds to the database's clock: 0 but in tests (see
+#: :func:`set_clock_offset`; ``django_taskloop.testing.advance_clock`` is its public door).
+_clock_offset = 0.0
+#: What :func:`set_clock_offset` calls: the caches of statements compiled with the clock in them.
+_clock_listeners: list[Callable[[], None]] = []
+
+
+def clock_offset() -> float:
+    """The seconds this process adds to the database's clock (0 in production)."""
+    return _clock_offset
+
+
+def set_clock_offset(seconds: float) -> None:
+    """Make every :class:`DbNow` of this process (and so :class:`Shifted` and :func:`db_now`)
+    read the database's clock plus ``seconds``: time passes in the database, as this process's
+    statements see it, without waiting. For tests only. Other processes (workers started as
+    subprocesses, other hosts) still read the real clock. Every kept statement is forgotten, so
+    that none keeps the clock as it was compiled. 0 puts the real clock back; at 0 every
+    statement is the same as with no test clock at all."""
+    global _clock_offset
+    seconds = float(seconds)
+    if seconds == _clock_offset:
+        return
+    _clock_offset = seconds
+    for forget in _clock_listeners:
+        forget()
+
+
+def on_clock_change(forget: Callable[[], None]) -> None:
+    """Call ``forget`` whenever :func:`set_clock_offset` moves the clock (a cache of statements
+    compiled with :class:`DbNow` in them clears itself)."""
+    _clock_listeners.append(forget)
+
+
 class DbNow(Expression):
     """The database's clock, plus ``seconds`` (may be negative or fractional).
 
     Deadlines are computed and compared by the database so that workers on many hosts agree.
-    The value is the time of the statement, not of the transaction's start.
+    The value is the time of the statement, not of the transaction's start. In tests, the
+    clock may be moved forward for this process (:func:`set_clock_offset`): the offset is
+    added when the expression is compiled.
     """
 
     output_field = DateTimeField()
@@ -138,26 +176,33 @@ class DbNow(Expression):
     def __repr__(self) -> str:
         return f"DbNow({self.seconds!r})"
 
+    @property
+    def total(self) -> float:
+        """``seconds`` plus this process's test clock offset (0 in production)."""
+        return self.seconds + _clock_offset if _clock_offset else self.seconds
+
     def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:
         raise NotImplementedError(f"django-taskloop does not support the {connection.vendor} database")
 
     def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
-        if not self.seconds:
+        seconds = self.total
+        if not seconds:
             return "STATEMENT_TIMESTAMP()", []
-        return "(STATEMENT_TIMESTAMP() + make_interval(secs => %s))", [self.seconds]
+        return "(STATEMENT_TIMESTAMP() + make_interval(secs => %s))", [seconds]
 
     def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
         # Django stores UTC in DATETIME(6) columns when USE_TZ is on; UTC_TIMESTAMP matches that
         # whatever the session's time zone is.
-        if not self.seconds:
+        seconds = self.total
+        if not seconds:
             return "UTC_TIMESTAMP(6)", []
-        return "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)", [round(self.seconds * 1_000_000)]
+        return "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)", [round(seconds * 1_000_000)]
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
         # SQLite keeps datetimes as text and compares them as text. Its clock has milliseconds;
         # padding to six digits matches what Django writes for Python datetimes, so both sort
         # alike within the same millisecond.
-        return "(STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')", [f"{self.seconds:+.3f} seconds"]
+        return "(STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s) || '000')", [f"{self.total:+.3f} seconds"]
 
 
 class Shifted(Expression):

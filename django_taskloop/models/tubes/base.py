@@ -51,6 +51,18 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
+def _forget_checks() -> None:
+    # The database's clock moved (a test's advance): what was not due when last looked may be
+    # now, and this process's consumers beat again on their next call (their last heartbeat is
+    # old on the moved clock: they are alive, not dead).
+    _beats.clear()
+    _stale_checks.clear()
+    _due_checks.clear()
+
+
+engine.on_clock_change(_forget_checks)
+
+
 class TubeBase(models.Model):
     """A tube's row and the helpers of its verbs (see :class:`Tube`)."""
 
