@@ -61,6 +61,8 @@ def pytest_configure(config: Any) -> None:
         "markers", "vendor_independent: the same on every database (CI runs it on SQLite only)"
     )
     config.addinivalue_line("markers", "alone: under -n, runs while no other test of the run does")
+    # pytest-xdist's, named here too so that a run without it (-p no:xdist) still collects.
+    config.addinivalue_line("markers", "xdist_group(name): under -n, these tests share one process")
 
 
 def _vendor() -> str:

@@ -18,11 +18,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from django_taskloop import engine
 from django_taskloop.models import Consumer, Task, Tube
 from django_taskloop.models.tubes import base as tubes_base
 from django_taskloop.models.tubes import worth_trying
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("settle-plans")]
 
 READY, TAKEN = 20_000, 50
 
@@ -66,16 +67,33 @@ def assert_by_primary_key(plan: str) -> None:
         assert "PRIMARY KEY" in plan and "taskloop_task_claim" not in plan, plan
 
 
+@pytest.fixture(scope="module")
+def _busy_rows(django_db_setup: Any, django_db_blocker: Any) -> Iterator[tuple[int, list[int]]]:
+    """20,000 ready tasks and 50 taken, written once for the module (a plan needs a table of
+    some size; each test's own changes are rolled back with its transaction). The module's tests
+    run in one process, one after another (``xdist_group`` above)."""
+    with django_db_blocker.unblock():
+        # Unwatched: a callback another test left on a tube of the same id (SQLite reuses ids)
+        # would send each task's settle on its own.
+        tubes_base._callbacks.clear()
+        tube = Tube.objects.create_tube("settle-plans", "fifottl")
+        for start in range(0, READY, 5_000):
+            tube.put_many(list(range(start, start + 5_000)))
+        taken = [task.pk for task in tube.take_many(TAKEN, consumer="w1")]
+    yield tube.pk, taken
+    with django_db_blocker.unblock():
+        tube.release_many(taken, consumer="w1")
+        tube.drop()
+        Consumer.objects.filter(name="w1").delete()
+
+
 @pytest.fixture
-def busy_tube() -> Iterator[tuple[Tube, list[int]]]:
-    # Unwatched: a callback another test left on a tube of the same id (SQLite reuses ids)
-    # would send each task's settle on its own.
+def busy_tube(_busy_rows: tuple[int, list[int]], db: Any) -> Iterator[tuple[Tube, list[int]]]:
     tubes_base._callbacks.clear()
-    tube = Tube.objects.create_tube("settle-plans", "fifottl")
-    for start in range(0, READY, 5_000):
-        tube.put_many(list(range(start, start + 5_000)))
-    taken = [task.pk for task in tube.take_many(TAKEN, consumer="w1")]
-    yield tube, taken
+    # Alive, as just after its take (the rows may have been written a while ago).
+    Consumer.objects.filter(name="w1").update(last_seen=engine.DbNow())
+    pk, taken = _busy_rows
+    yield Tube.objects.get(pk=pk), taken
     tubes_base._callbacks.clear()
 
 
