@@ -7,9 +7,9 @@
   leg; a leg with ``TASKLOOP_VENDOR_TESTS_ONLY=1`` (MariaDB, PostgreSQL) leaves them out and
   says so.
 - Under ``-n`` (pytest-xdist): the tests that start their own servers share one process
-  (``--dist loadgroup``: one throwaway server at a time per run), and a test marked ``alone``
-  (it reads what the whole server does, such as its oldest transaction) runs while no other test
-  of the run does.
+  (``--dist loadgroup``: one throwaway server at a time per run). A test marked ``alone`` (it
+  reads what the whole server does, such as its oldest transaction) runs while no other test on
+  that server does: of this run, or of another run on the same server (CI's legs side by side).
 - ``TASKLOOP_STRICT_SKIPS=1`` (CI): any skip fails the run. A test CI is meant to run that
   cannot run here (a missing tool, browser or module) is a failure, not a line in a summary.
 """
@@ -60,7 +60,7 @@ def pytest_configure(config: Any) -> None:
     config.addinivalue_line(
         "markers", "vendor_independent: the same on every database (CI runs it on SQLite only)"
     )
-    config.addinivalue_line("markers", "alone: under -n, runs while no other test of the run does")
+    config.addinivalue_line("markers", "alone: runs while no other test on its database server does")
     # pytest-xdist's, named here too so that a run without it (-p no:xdist) still collects.
     config.addinivalue_line("markers", "xdist_group(name): under -n, these tests share one process")
 
@@ -120,9 +120,16 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 
 
 def _lock_path(name: str) -> str:
-    # run-tests.sh gives every run a temporary directory of its own, which its pytest processes
-    # share: the locks are this run's.
-    return os.path.join(tempfile.gettempdir(), f"taskloop-tests-{name}.lock")
+    """The lock file ``name`` of the database server this run uses: machine-wide, so that runs
+    side by side on one server (CI's legs) take turns as one run's processes do. SQLite: this
+    run's own (run-tests.sh gives each run a temporary directory)."""
+    from django.conf import settings
+
+    database = settings.DATABASES["default"]
+    if "sqlite" in database["ENGINE"]:
+        return os.path.join(tempfile.gettempdir(), f"taskloop-tests-{name}.lock")
+    server = f"{_vendor()}-{database.get('HOST') or 'local'}-{database.get('PORT') or ''}".replace("/", "_")
+    return f"/tmp/taskloop-tests-{server}-{name}.lock"
 
 
 @contextmanager
@@ -147,9 +154,6 @@ def _turn(alone: bool) -> Iterator[None]:
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
     # Around the whole protocol (setup, call, teardown), before any fixture opens a transaction.
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
-        return
     with _turn(item.get_closest_marker("alone") is not None):
         yield
 

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 # SQLite keeps no old row versions (see the SQLite test).
 servers_only = pytest.mark.vendors("mysql", "postgresql")
+# The server's oldest transaction must be the test's own: no other test may hold one meanwhile.
+alone = pytest.mark.alone
 
 
 def gauge(text: str, name: str, **labels: str) -> float | None:
@@ -62,6 +64,7 @@ def _oldest_is(pid: int) -> Any:
 
 
 @servers_only
+@alone
 def test_a_held_transaction_shows_and_goes():
     with held_transaction() as pid:
         time.sleep(1.1)
@@ -90,6 +93,7 @@ def _gone(pid: int) -> bool:
 
 
 @servers_only
+@alone
 def test_the_dashboard_shows_the_held_transaction_and_then_not(admin_client, settings):
     settings.TASKLOOP = {**settings.TASKLOOP, "HORIZON_WARNING": 1}
     url = reverse("admin:django_taskloop_dashboard")
@@ -113,6 +117,7 @@ def test_the_dashboard_has_no_cleanup_section_on_sqlite(admin_client):
 
 
 @servers_only
+@alone
 def test_the_watch_warns_once_then_says_it_ended(settings):
     settings.TASKLOOP = {**settings.TASKLOOP, "HORIZON_WARNING": 1}
     # MariaDB's look is the server's: first wait out a transaction the other CI stream holds
@@ -181,6 +186,7 @@ def dead() -> int:
 
 
 @servers_only
+@alone
 def test_a_worker_logs_the_held_transaction_and_its_end():
     worker = subprocess.Popen(
         workers_command("--only", "w-noop", "--processes", "1"),
