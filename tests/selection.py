@@ -50,6 +50,22 @@ VENDOR_INDEPENDENT: dict[str, str] = {
     "tests/browser/test_task_names_browser.py": "the admin in a browser",
 }
 
+#: Tests of the database's own behaviour under real processes racing (kills, contention, eight
+#: processes on one queue) and of servers going away: what they race is SQL the engine compiles
+#: the same way on every Django line (the statements themselves are pinned per line by
+#: tests/test_kept_statements.py and the plan tests). CI runs them on one Django line per
+#: database; a leg with ``TASKLOOP_ONE_LINE_TESTS=0`` leaves them out and says so.
+ONE_DJANGO_LINE: dict[str, str] = {
+    "tests/reliability/test_kills.py": "kill -9 during drains",
+    "tests/reliability/test_contention.py": "sixteen processes on one queue",
+    "tests/reliability/test_stateful.py": "the queues against their reference models",
+    "tests/reliability/test_fuzz.py": "random verbs against the reference models",
+    "tests/test_boards.py::test_eight_processes_consume_every_job_exactly_once": "a race",
+    "tests/test_loops.py::test_eight_processes_work_one_loop_without_holding_an_id_twice": "a race",
+    "tests/test_lockable.py::test_eight_processes_claim_every_row_exactly_once": "a race",
+    "tests/test_tubes.py::test_eight_consumers_ack_every_task_once_and_never_share_a_sub_queue": "a race",
+}
+
 _SAID: list[str] = []
 
 
@@ -59,6 +75,9 @@ def pytest_configure(config: Any) -> None:
     )
     config.addinivalue_line(
         "markers", "vendor_independent: the same on every database (CI runs it on SQLite only)"
+    )
+    config.addinivalue_line(
+        "markers", "one_django_line: races and servers: CI runs it under one Django line per database"
     )
     config.addinivalue_line("markers", "alone: runs while no other test on its database server does")
     # pytest-xdist's, named here too so that a run without it (-p no:xdist) still collects.
@@ -87,7 +106,7 @@ def _deselect(config: Any, items: list[Any], leave: list[Any], said: str) -> Non
         say(said.format(len(leave)))
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     from tests.reliability.conftest import SERVER_FIXTURES
 
@@ -97,14 +116,27 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         module = item.nodeid.split("::", 1)[0]
         if module in VENDOR_INDEPENDENT:
             item.add_marker(pytest.mark.vendor_independent)
-        if workers and SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("servers"))
+        if module in ONE_DJANGO_LINE or item.nodeid.split("[", 1)[0] in ONE_DJANGO_LINE:
+            item.add_marker(pytest.mark.one_django_line)
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.one_django_line)
+            if workers:
+                item.add_marker(pytest.mark.xdist_group("servers"))
     elsewhere = [
         item
         for item in items
         if (marker := item.get_closest_marker("vendors")) is not None and vendor not in marker.args
     ]
     _deselect(config, items, elsewhere, f"{{}} test(s) of other databases' behaviour: not for {vendor}")
+    if os.environ.get("TASKLOOP_ONE_LINE_TESTS") == "0":
+        one_line = [item for item in items if item.get_closest_marker("one_django_line")]
+        _deselect(
+            config,
+            items,
+            one_line,
+            "{} test(s) of concurrency and servers left to this database's leg on another "
+            "Django line (TASKLOOP_ONE_LINE_TESTS=0)",
+        )
     if os.environ.get("TASKLOOP_VENDOR_TESTS_ONLY") == "1":
         independent = [item for item in items if item.get_closest_marker("vendor_independent")]
         _deselect(
@@ -177,6 +209,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook (absent under -p no:xdist)
 def pytest_testnodedown(node: Any, error: Any) -> None:
     for line in getattr(node, "workeroutput", {}).get("taskloop_said", []):
         say(line)
