@@ -33,6 +33,9 @@ VENDOR_INDEPENDENT: dict[str, str] = {
     "tests/test_architecture.py": "the package's imports and sizes",
     "tests/test_layers.py": "which module may import which",
     "tests/test_stop_event.py": "a stop's signal handling, no database",
+    "tests/test_worker_stops.py": "signals racing a supervisor and its children (what a stop gives back "
+    "goes through the verbs, tested on every database)",
+    "tests/test_readme.py": "the README's examples as written (the verbs they call: their own tests)",
     "tests/test_checks_settings.py": "the TASKLOOP setting's validation",
     "tests/test_terminal.py": "the terminal's commands and output (the read model: tests/test_stats.py)",
     "tests/test_task_names.py": "how a task is named",
@@ -64,6 +67,10 @@ ONE_DJANGO_LINE: dict[str, str] = {
     "tests/test_loops.py::test_eight_processes_work_one_loop_without_holding_an_id_twice": "a race",
     "tests/test_lockable.py::test_eight_processes_claim_every_row_exactly_once": "a race",
     "tests/test_tubes.py::test_eight_consumers_ack_every_task_once_and_never_share_a_sub_queue": "a race",
+    "tests/test_schedules.py::test_racing_processes_claim_each_tick_exactly_once": "a race",
+    "tests/test_schedules.py::test_every_tick_runs_once_across_processes_and_hosts": "a race",
+    "tests/test_schedules.py::test_a_periodic_run_whose_worker_is_killed_runs_again_and_its_tick_once": "kill -9",
+    "tests/test_worker_stops.py": "signals and kills racing a supervisor and its children",
 }
 
 _SAID: list[str] = []
@@ -106,22 +113,41 @@ def _deselect(config: Any, items: list[Any], leave: list[Any], said: str) -> Non
         say(said.format(len(leave)))
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
-def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+def pytest_itemcollected(item: Any) -> None:
+    # Marked as collected, before any pytest_collection_modifyitems (pytest-xdist reads the
+    # groups there, --dist loadgroup).
     from tests.reliability.conftest import SERVER_FIXTURES
 
+    module = item.nodeid.split("::", 1)[0]
+    if module in VENDOR_INDEPENDENT:
+        item.add_marker(pytest.mark.vendor_independent)
+    if module in ONE_DJANGO_LINE or item.nodeid.split("[", 1)[0] in ONE_DJANGO_LINE:
+        item.add_marker(pytest.mark.one_django_line)
+    if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.one_django_line)
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            item.add_marker(pytest.mark.xdist_group("servers"))
+
+
+def pytest_collection_finish(session: Any) -> None:
+    """Under --dist loadgroup, the groups took (pytest-xdist marks them in the tests' names): a
+    pytest that names tests otherwise would spread the server tests over every process."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+    ]
+    if lost:
+        raise pytest.UsageError(
+            f"--dist loadgroup did not group {len(lost)} test(s) (first: {lost[0]}): this pytest and "
+            "pytest-xdist disagree on how a test is named (pytest-xdist issue 1386); see pyproject.toml"
+        )
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     vendor = _vendor()
-    workers = bool(os.environ.get("PYTEST_XDIST_WORKER"))
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        if module in VENDOR_INDEPENDENT:
-            item.add_marker(pytest.mark.vendor_independent)
-        if module in ONE_DJANGO_LINE or item.nodeid.split("[", 1)[0] in ONE_DJANGO_LINE:
-            item.add_marker(pytest.mark.one_django_line)
-        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.one_django_line)
-            if workers:
-                item.add_marker(pytest.mark.xdist_group("servers"))
     elsewhere = [
         item
         for item in items
