@@ -108,6 +108,28 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             "{} test(s) that start their own database servers or network namespaces "
             "not run: set TASKLOOP_START_SERVERS=1 to run them (needs root; .ci/run does)",
         )
+    if os.environ.get("TASKLOOP_SERVER_TESTS") in ("only", "none"):
+        # CI: the tests that start their own servers run in a leg of their own (one process;
+        # "only"), so that the other legs never wait on their chain ("none").
+        from tests.reliability.conftest import SERVER_FIXTURES
+        from tests.selection import say
+
+        only = os.environ["TASKLOOP_SERVER_TESTS"] == "only"
+        leave = [
+            item for item in items if bool(SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))) != only
+        ]
+        if leave:
+            config.hook.pytest_deselected(items=leave)
+            items[:] = [item for item in items if item not in leave]
+            say(
+                f"{len(leave)} test(s) "
+                + (
+                    "that start no server of their own: other legs run them"
+                    if only
+                    else "that start servers: their own leg runs them"
+                )
+                + f" (TASKLOOP_SERVER_TESTS={os.environ['TASKLOOP_SERVER_TESTS']})"
+            )
     if os.environ.get("TASKLOOP_SERVER_TESTS_ON_OWN_LEG") == "1":
         from django.conf import settings
 

@@ -73,6 +73,20 @@ ONE_DJANGO_LINE: dict[str, str] = {
     "tests/test_worker_stops.py": "signals and kills racing a supervisor and its children",
 }
 
+#: Tests that run ``manage.py workers`` processes and wait on them. A Django line's legs run them
+#: on SQLite; ``TASKLOOP_WORKER_TESTS=0`` (CI: Django 6.1 on MariaDB and PostgreSQL) leaves them
+#: to that line's SQLite leg and to the database's Django 5.2 leg, which run them: the statements
+#: such a worker sends are the ones the in-process tests pin on every line and database.
+WORKER_PROCESSES: dict[str, str] = {
+    "tests/test_workers.py": "workers draining, stopping, pausing",
+    "tests/test_worker_edges.py": "workers' edge cases",
+    "tests/test_task_options_workers.py": "task options as workers run them",
+    "tests/test_idle.py": "an idle worker's cost",
+    "tests/test_startup.py": "a worker's start",
+    "tests/test_async_backend.py": "async tasks in workers",
+    "tests/test_progress.py::test_a_worker_shows_progress_renews_the_lease_and_drops_it_at_the_end": "",
+}
+
 _SAID: list[str] = []
 
 
@@ -86,6 +100,7 @@ def pytest_configure(config: Any) -> None:
     config.addinivalue_line(
         "markers", "one_django_line: races and servers: CI runs it under one Django line per database"
     )
+    config.addinivalue_line("markers", "worker_processes: runs manage.py workers processes and waits on them")
     config.addinivalue_line("markers", "alone: runs while no other test on its database server does")
     # pytest-xdist's, named here too so that a run without it (-p no:xdist) still collects.
     config.addinivalue_line("markers", "xdist_group(name): under -n, these tests share one process")
@@ -123,6 +138,8 @@ def pytest_itemcollected(item: Any) -> None:
         item.add_marker(pytest.mark.vendor_independent)
     if module in ONE_DJANGO_LINE or item.nodeid.split("[", 1)[0] in ONE_DJANGO_LINE:
         item.add_marker(pytest.mark.one_django_line)
+    if module in WORKER_PROCESSES or item.nodeid.split("[", 1)[0] in WORKER_PROCESSES:
+        item.add_marker(pytest.mark.worker_processes)
     if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
         item.add_marker(pytest.mark.one_django_line)
         if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -162,6 +179,15 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             one_line,
             "{} test(s) of concurrency and servers left to this database's leg on another "
             "Django line (TASKLOOP_ONE_LINE_TESTS=0)",
+        )
+    if os.environ.get("TASKLOOP_WORKER_TESTS") == "0":
+        workers = [item for item in items if item.get_closest_marker("worker_processes")]
+        _deselect(
+            config,
+            items,
+            workers,
+            "{} test(s) that run worker processes left to this Django line's SQLite leg and this "
+            "database's leg on another Django line (TASKLOOP_WORKER_TESTS=0)",
         )
     if os.environ.get("TASKLOOP_VENDOR_TESTS_ONLY") == "1":
         independent = [item for item in items if item.get_closest_marker("vendor_independent")]

@@ -39,3 +39,8 @@ else:
 DATABASES["other"] = _other
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# As in production: pytest-django turns DEBUG off in the test process; the worker processes the
+# tests start read these settings, and under DEBUG every statement they sent was formatted and
+# kept (a drain of thousands of tasks paid for it in CPU that the other tests wanted).
+DEBUG = False
