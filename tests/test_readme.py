@@ -23,6 +23,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import django
 import pytest
 from django.db import connections
 
@@ -127,6 +128,31 @@ def test_readme_examples_run_as_written_in_a_fresh_project(tmp_path):
         return run.stdout + run.stderr
 
     try:
+        if django.VERSION[:2] == (6, 0):
+            # As the README's table says: Django 6.0's task() passes no option on, and a
+            # taskloop.py that gives it one is one ImproperlyConfigured naming the version...
+            run = subprocess.run(
+                [sys.executable, "-m", "django", "check"],
+                cwd=project,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert run.returncode != 0 and "ImproperlyConfigured" in run.stderr, run.stderr
+            assert "6.0" in run.stderr.strip().splitlines()[-1], run.stderr
+            # ... and django_taskloop.task_options.task takes them on every version.
+            taskloop_py = (app / "taskloop.py").read_text()
+            assert "from django.tasks import task" in taskloop_py
+            # (There a callable backoff must be a module-level function, which the worker imports.)
+            lambda_backoff = "backoff=lambda attempt: 30 * attempt"
+            assert lambda_backoff in taskloop_py
+            taskloop_py = taskloop_py.replace(
+                "from django.tasks import task", "from django_taskloop.task_options import task"
+            ).replace(lambda_backoff, "backoff=thirty_seconds_an_attempt")
+            (app / "taskloop.py").write_text(
+                "def thirty_seconds_an_attempt(attempt):\n    return 30 * attempt\n\n\n" + taskloop_py
+            )
         manage("makemigrations", "readme_app")
         manage("migrate", "--no-input")
         manage("check")
