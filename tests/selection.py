@@ -10,6 +10,8 @@
   (``--dist loadgroup``: one throwaway server at a time per run). A test marked ``alone`` (it
   reads what the whole server does, such as its oldest transaction) runs while no other test on
   that server does: of this run, or of another run on the same server (CI's legs side by side).
+  A test marked ``quiet`` (it measures a latency, which a busy machine stretches) runs while no
+  other test of any run on this machine does.
 - ``TASKLOOP_STRICT_SKIPS=1`` (CI): any skip fails the run. A test CI is meant to run that
   cannot run here (a missing tool, browser or module) is a failure, not a line in a summary.
 """
@@ -101,6 +103,9 @@ def pytest_configure(config: Any) -> None:
         "markers", "one_django_line: races and servers: CI runs it under one Django line per database"
     )
     config.addinivalue_line("markers", "worker_processes: runs manage.py workers processes and waits on them")
+    config.addinivalue_line(
+        "markers", "quiet: it measures latency: runs while no other test on the machine runs (any run)"
+    )
     config.addinivalue_line("markers", "alone: runs while no other test on its database server does")
     # pytest-xdist's, named here too so that a run without it (-p no:xdist) still collects.
     config.addinivalue_line("markers", "xdist_group(name): under -n, these tests share one process")
@@ -217,10 +222,10 @@ def _lock_path(name: str) -> str:
 
 
 @contextmanager
-def _turn(alone: bool) -> Iterator[None]:
-    """Every test holds the run's lock shared, a test that must be alone holds it exclusively.
-    A turnstile in front keeps a waiting ``alone`` test from being starved by the others."""
-    with open(_lock_path("turnstile"), "a") as turnstile, open(_lock_path("tests"), "a") as tests:
+def _turn(path: str, alone: bool) -> Iterator[None]:
+    """Every test holds lock ``path`` shared, a test that must be alone holds it exclusively. A
+    turnstile in front keeps a waiting ``alone`` test from being starved by the others."""
+    with open(f"{path}.turnstile", "a") as turnstile, open(path, "a") as tests:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
             fcntl.flock(tests, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
@@ -238,7 +243,10 @@ def _turn(alone: bool) -> Iterator[None]:
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
     # Around the whole protocol (setup, call, teardown), before any fixture opens a transaction.
-    with _turn(item.get_closest_marker("alone") is not None):
+    # Always the machine's lock first, then the server's: no two tests wait on each other.
+    quiet = item.get_closest_marker("quiet") is not None
+    alone = item.get_closest_marker("alone") is not None
+    with _turn("/tmp/taskloop-tests-machine.lock", quiet), _turn(_lock_path("tests"), alone):
         yield
 
 
