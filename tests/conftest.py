@@ -112,7 +112,6 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         # CI: the tests that start their own servers run in a leg of their own (one process;
         # "only"), so that the other legs never wait on their chain ("none").
         from tests.reliability.conftest import SERVER_FIXTURES
-        from tests.selection import say
 
         only = os.environ["TASKLOOP_SERVER_TESTS"] == "only"
         leave = [
@@ -120,7 +119,8 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         ]
         if leave:
             config.hook.pytest_deselected(items=leave)
-            items[:] = [item for item in items if item not in leave]
+            gone = set(map(id, leave))
+            items[:] = [item for item in items if id(item) not in gone]
             say(
                 f"{len(leave)} test(s) "
                 + (
