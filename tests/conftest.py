@@ -98,7 +98,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     import os
     from pathlib import Path
 
-    from tests.selection import say
+    from tests.selection import deselect
 
     if os.environ.get("TASKLOOP_START_SERVERS") != "1":
         # Throwaway database servers and network namespaces change the machine: only when asked.
@@ -108,28 +108,17 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             "{} test(s) that start their own database servers or network namespaces "
             "not run: set TASKLOOP_START_SERVERS=1 to run them (needs root; .ci/run does)",
         )
-    if os.environ.get("TASKLOOP_SERVER_TESTS") in ("only", "none"):
+    servers = os.environ.get("TASKLOOP_SERVER_TESTS")
+    if servers in ("only", "none"):
         # CI: the tests that start their own servers run in a leg of their own (one process;
         # "only"), so that the other legs never wait on their chain ("none").
-        from tests.reliability.conftest import SERVER_FIXTURES
-
-        only = os.environ["TASKLOOP_SERVER_TESTS"] == "only"
-        leave = [
-            item for item in items if bool(SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))) != only
-        ]
-        if leave:
-            config.hook.pytest_deselected(items=leave)
-            gone = set(map(id, leave))
-            items[:] = [item for item in items if id(item) not in gone]
-            say(
-                f"{len(leave)} test(s) "
-                + (
-                    "that start no server of their own: other legs run them"
-                    if only
-                    else "that start servers: their own leg runs them"
-                )
-                + f" (TASKLOOP_SERVER_TESTS={os.environ['TASKLOOP_SERVER_TESTS']})"
-            )
+        _leave_out_server_tests(
+            config,
+            items,
+            f"{{}} test(s) {'that start no server' if servers == 'only' else 'that start servers'}: "
+            f"another leg runs them (TASKLOOP_SERVER_TESTS={servers})",
+            others=servers == "only",
+        )
     if os.environ.get("TASKLOOP_SERVER_TESTS_ON_OWN_LEG") == "1":
         from django.conf import settings
 
@@ -152,23 +141,19 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     if not missing:
         return
     browser = [item for item in items if item.get_closest_marker("browser")]
-    if browser:
-        config.hook.pytest_deselected(items=browser)
-        items[:] = [item for item in items if not item.get_closest_marker("browser")]
-        say(f"{len(browser)} browser test(s) not run: missing " + " and ".join(missing))
+    deselect(config, items, browser, "{} browser test(s) not run: missing " + " and ".join(missing))
 
 
-def _leave_out_server_tests(config: Any, items: list[Any], said: str) -> None:
-    """Deselect the tests that start servers (the fixtures in tests/reliability/conftest.py) and
-    say so in the summary: ``said`` with their count."""
+def _leave_out_server_tests(config: Any, items: list[Any], said: str, others: bool = False) -> None:
+    """Deselect the tests that start servers (the fixtures in tests/reliability/conftest.py), or
+    with ``others`` all the rest, and say so in the summary: ``said`` with their count."""
     from tests.reliability.conftest import SERVER_FIXTURES
-    from tests.selection import say
+    from tests.selection import deselect
 
-    servers = [item for item in items if SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))]
-    if servers:
-        config.hook.pytest_deselected(items=servers)
-        items[:] = [item for item in items if item not in servers]
-        say(said.format(len(servers)))
+    leave = [
+        item for item in items if bool(SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))) != others
+    ]
+    deselect(config, items, leave, said)
 
 
 @pytest.fixture(autouse=True)

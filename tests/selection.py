@@ -124,7 +124,7 @@ def say(line: str) -> None:
         _SAID.append(line)
 
 
-def _deselect(config: Any, items: list[Any], leave: list[Any], said: str) -> None:
+def deselect(config: Any, items: list[Any], leave: list[Any], said: str) -> None:
     """Leave ``leave`` out of ``items`` and say so: ``said`` with their count."""
     if leave:
         config.hook.pytest_deselected(items=leave)
@@ -138,13 +138,15 @@ def pytest_itemcollected(item: Any) -> None:
     # groups there, --dist loadgroup).
     from tests.reliability.conftest import SERVER_FIXTURES
 
-    module = item.nodeid.split("::", 1)[0]
-    if module in VENDOR_INDEPENDENT:
-        item.add_marker(pytest.mark.vendor_independent)
-    if module in ONE_DJANGO_LINE or item.nodeid.split("[", 1)[0] in ONE_DJANGO_LINE:
-        item.add_marker(pytest.mark.one_django_line)
-    if module in WORKER_PROCESSES or item.nodeid.split("[", 1)[0] in WORKER_PROCESSES:
-        item.add_marker(pytest.mark.worker_processes)
+    # A table names a module, or a test (all its parameters).
+    names = {item.nodeid.split("::", 1)[0], item.nodeid.split("[", 1)[0]}
+    for table, marker in (
+        (VENDOR_INDEPENDENT, pytest.mark.vendor_independent),
+        (ONE_DJANGO_LINE, pytest.mark.one_django_line),
+        (WORKER_PROCESSES, pytest.mark.worker_processes),
+    ):
+        if names & table.keys():
+            item.add_marker(marker)
     if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
         item.add_marker(pytest.mark.one_django_line)
         if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -175,34 +177,35 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         for item in items
         if (marker := item.get_closest_marker("vendors")) is not None and vendor not in marker.args
     ]
-    _deselect(config, items, elsewhere, f"{{}} test(s) of other databases' behaviour: not for {vendor}")
-    if os.environ.get("TASKLOOP_ONE_LINE_TESTS") == "0":
-        one_line = [item for item in items if item.get_closest_marker("one_django_line")]
-        _deselect(
-            config,
-            items,
-            one_line,
-            "{} test(s) of concurrency and servers left to this database's leg on another "
-            "Django line (TASKLOOP_ONE_LINE_TESTS=0)",
-        )
-    if os.environ.get("TASKLOOP_WORKER_TESTS") == "0":
-        workers = [item for item in items if item.get_closest_marker("worker_processes")]
-        _deselect(
-            config,
-            items,
-            workers,
-            "{} test(s) that run worker processes left to this Django line's SQLite leg and this "
-            "database's leg on another Django line (TASKLOOP_WORKER_TESTS=0)",
-        )
-    if os.environ.get("TASKLOOP_VENDOR_TESTS_ONLY") == "1":
-        independent = [item for item in items if item.get_closest_marker("vendor_independent")]
-        _deselect(
-            config,
-            items,
-            independent,
-            "{} vendor-independent test(s) left to the SQLite leg of this Django version "
-            "(TASKLOOP_VENDOR_TESTS_ONLY=1)",
-        )
+    deselect(config, items, elsewhere, f"{{}} test(s) of other databases' behaviour: not for {vendor}")
+    for variable, value, marker, said in _LEFT_TO_OTHER_LEGS:
+        if os.environ.get(variable) == value:
+            leave = [item for item in items if item.get_closest_marker(marker)]
+            deselect(config, items, leave, f"{{}} test(s) {said} ({variable}={value})")
+
+
+#: CI's selections by marker: (variable, value, marker, what the summary says of those left out).
+_LEFT_TO_OTHER_LEGS = [
+    (
+        "TASKLOOP_ONE_LINE_TESTS",
+        "0",
+        "one_django_line",
+        "of concurrency and servers left to this database's leg on another Django line",
+    ),
+    (
+        "TASKLOOP_WORKER_TESTS",
+        "0",
+        "worker_processes",
+        "that run worker processes left to this Django line's SQLite leg and this database's leg "
+        "on another Django line",
+    ),
+    (
+        "TASKLOOP_VENDOR_TESTS_ONLY",
+        "1",
+        "vendor_independent",
+        "independent of the database left to the SQLite leg of this Django version",
+    ),
+]
 
 
 # -- alone, under -n ------------------------------------------------------------------------
