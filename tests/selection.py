@@ -200,6 +200,12 @@ _LEFT_TO_OTHER_LEGS = [
         "on another Django line",
     ),
     (
+        "TASKLOOP_BROWSER_TESTS",
+        "0",
+        "browser",
+        "in a browser left to the oldest and newest Django lines' SQLite legs",
+    ),
+    (
         "TASKLOOP_VENDOR_TESTS_ONLY",
         "1",
         "vendor_independent",
