@@ -31,6 +31,8 @@ from .models import (
     Task,
     TaskLoop,
     TaskLoopQuerySet,
+    TaskRecord,
+    TaskRecordStatus,
     Tube,
     WorkerProcess,
 )
@@ -45,6 +47,7 @@ __all__ = [
     "LOOP_STATES",
     "TASK_STATES",
     "DJANGO_TASK",
+    "DJANGO_TASK_STATES",
     "TASKS_TUBE_PREFIXES",
     "ItemProgress",
     "QueueSummary",
@@ -54,6 +57,7 @@ __all__ = [
     "board_priorities",
     "board_summary",
     "capped_count",
+    "failed_for_good",
     "failures_last_hour",
     "processed_last_hour",
     "queue_databases",
@@ -82,6 +86,11 @@ Source = Tube | JobBoard | type[TaskLoop]
 #: The kind of a Django Tasks queue where queues are shown to people (the dashboard, the
 #: metrics): its two tubes merged under the queue's Django name.
 DJANGO_TASK = "django_task"
+#: A Django Tasks queue's states: its tubes' tasks by :data:`TASK_STATES`, then ``failed``:
+#: its results that failed for good (FAILED after their last attempt), which stay counted until
+#: an operator retries them or they are pruned (the tube task is gone by then: only the result
+#: is left to show them).
+DJANGO_TASK_STATES: tuple[str, ...] = (*TASK_STATES, "failed")
 #: The tubes of the Django Tasks queue ``q`` are ``tasks.q`` (its tasks) and ``tasks-keyed.q``
 #: (its keyed tasks, a ``utubettl``): the backend's ``TUBE_PREFIX`` and ``KEYED_TUBE_PREFIX``,
 #: spelled on the models' floor because it is below the backend's (a test holds them equal).
@@ -544,7 +553,9 @@ def merge_django_tasks(summaries: Iterable[QueueSummary]) -> list[QueueSummary]:
     of kind :data:`DJANGO_TASK`, named by the queue's Django name, where its first tube was.
 
     Counts add up (a capped count stays capped), the oldest ready task is the older of the
-    two, and the queue reads paused if either tube is (an operator may pause one alone).
+    two, and the queue reads paused if either tube is (an operator may pause one alone). The
+    merged counts end with ``failed`` (:data:`DJANGO_TASK_STATES`): the queue's results that
+    failed for good, read from the results (one read per database).
     """
     merged: list[QueueSummary] = []
     at: dict[tuple[str, str], int] = {}
@@ -582,7 +593,32 @@ def merge_django_tasks(summaries: Iterable[QueueSummary]) -> list[QueueSummary]:
             source=tube if plain else first.source,
             tubes=(tube, *first.tubes) if plain else (*first.tubes, tube),
         )
-    return merged
+    return _with_failed(merged)
+
+
+def failed_for_good(using: str) -> dict[str, int]:
+    """Return ``{Django Tasks queue: its results that failed for good}`` on database ``using``
+    (one grouped read of the results' status index)."""
+    rows = (
+        TaskRecord.objects.using(using)
+        .filter(status=TaskRecordStatus.FAILED)
+        .order_by()
+        .values_list("queue_name")
+        .annotate(n=Count("pk"))
+    )
+    return dict(rows)
+
+
+def _with_failed(merged: list[QueueSummary]) -> list[QueueSummary]:
+    """``merged`` with each Django Tasks queue's ``failed`` count (one read per database)."""
+    places = list(dict.fromkeys(s.using for s in merged if s.kind == DJANGO_TASK and s.down is None))
+    failed = shards.read_each(places, failed_for_good, {})  # (one down since: counted as 0)
+    return [
+        dataclasses.replace(s, counts={**s.counts, "failed": failed.get(s.using, {}).get(s.name, 0)})
+        if s.kind == DJANGO_TASK
+        else s
+        for s in merged
+    ]
 
 
 def shown_queue(kind: str, queue: str) -> tuple[str, str]:

@@ -274,7 +274,8 @@ def test_a_worker_shows_progress_renews_the_lease_and_drops_it_at_the_end(name, 
         status = taskloop("status").stdout
         assert "IN PROGRESS" in status, status
         [line] = [line for line in status.splitlines() if line.startswith(shown) and "% " in line]
-        assert case.item[:20] in line and "step " in line and first.worker in line, status
+        assert case.item[:20] in line and "step " in line and first.worker[:20] in line, status
+        assert max(len(line) for line in status.splitlines()) <= 100, status  # docs/operating.md
         [entry] = json.loads(taskloop("status", "--json").stdout)["progress"]
         assert (entry["queue"], entry["item"]) == (shown, case.item) and entry["message"].startswith("step ")
         finish(case.finish_key)

@@ -10,7 +10,7 @@ import pytest
 
 from django_taskloop import stats
 from django_taskloop.engine import DbNow, db_now
-from django_taskloop.models import Failure, Job, JobBoard, Task, Tube
+from django_taskloop.models import Failure, Job, JobBoard, Task, TaskRecord, Tube
 from django_taskloop.models.boards import JobQuerySet
 from django_taskloop.models.loops import TaskLoopQuerySet
 from tests.testapp.models import IntLoop
@@ -174,6 +174,20 @@ def test_queue_summaries_list_every_queue_with_its_failures_of_the_last_hour():
     assert [s.kind for s in stats.queue_summaries(["loop", "job"], loops=[IntLoop])] == ["loop", "job"]
     with pytest.raises(ValueError):
         stats.queue_summaries(["queue"])
+
+
+def test_a_django_tasks_queue_counts_its_results_that_failed_for_good():
+    Tube.objects.create_tube("tasks.mail", "fifottl").put({})
+    Tube.objects.create_tube("tasks-keyed.mail", "utubettl")
+    Tube.objects.create_tube("tasks.other", "fifottl")
+    for queue, status in [("mail", "FAILED"), ("mail", "FAILED"), ("mail", "SUCCESSFUL"), ("other", "READY")]:
+        TaskRecord.objects.create(backend="default", queue_name=queue, task_path="m.f", status=status)
+    merged = {s.name: s for s in stats.merge_django_tasks(stats.queue_summaries(["task"]))}
+    assert merged["mail"].kind == stats.DJANGO_TASK
+    assert list(merged["mail"].counts) == list(stats.DJANGO_TASK_STATES)
+    assert merged["mail"].counts["failed"] == 2 and merged["mail"].counts["ready"] == 1
+    assert merged["other"].counts["failed"] == 0
+    assert stats.failed_for_good("default") == {"mail": 2}
 
 
 def test_a_summary_only_reads():

@@ -7,6 +7,7 @@ changed and the error is one line on stderr, never a traceback).
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import os
@@ -27,7 +28,7 @@ from django_taskloop.models import ConsumedJob, Failure, Job, JobBoard, Task, Ta
 from django_taskloop.testing import run_queued
 from tests.testapp.models import IntLoop
 
-from .workers_util import ROOT, child_env, explode, taskloop
+from .workers_util import ROOT, child_env, explode, run_workers, taskloop
 
 try:
     from django.tasks import TaskResultStatus
@@ -97,7 +98,7 @@ def test_status_shows_each_queue_with_its_counts_wait_failures_workers_and_pause
     assert run.returncode == 0, run.stderr
     out = run.stdout
     assert "TUBES" in out and "JOB BOARDS" in out and "LOOPS" in out
-    # name, ready, taken, delayed, buried, expired, oldest ready (2 cells: "1.2 s"), failed 1h, workers, state
+    # name, ready, taken, delayed, buried, expired, latency (2 cells: "1.2 s"), failed 1h, workers, state
     cells = row(out, "t-emails")
     assert cells[1:6] == ["2", "0", "0", "1", "0"]
     assert cells[-3:] == ["2", "1", "paused"]
@@ -129,6 +130,50 @@ def test_status_names_a_django_tasks_queue_by_its_django_name_and_reads_json():
     only = taskloop("status", "slow")
     assert only.returncode == 0, only.stderr
     assert row(only.stdout, "slow")[1] == "1" and "tasks.slow" not in only.stdout
+
+
+def test_a_django_task_that_failed_for_good_stays_counted_until_an_operator_retries_it(client):
+    """Its tube task is gone; its FAILED result is what is left. Status (text and JSON), the
+    metrics and the dashboard count it hours after its failure too (the failures of the last
+    hour no longer do), until an operator retries it."""
+    from django.contrib.auth.models import User
+    from django.urls import reverse
+
+    from django_taskloop.metrics import render_metrics
+
+    result = explode.enqueue("boom")
+    burst = run_workers("--burst", "--only", "tasks.slow")
+    assert burst.returncode == 0, burst.stderr
+    assert TaskRecord.objects.get(pk=result.id).status == TaskResultStatus.FAILED
+    assert not Task.objects.exists()
+    # Its failure is named as the queue's, and the name shown is one the terminal takes back.
+    shown = taskloop("failures").stdout
+    assert " slow (tasks) " in shown, shown
+    only = taskloop("failures", "--queue", "slow (tasks)")
+    assert only.returncode == 0, only.stderr
+    assert [line.split(" ago ")[1] for line in only.stdout.splitlines()[1:]] == [
+        line.split(" ago ")[1] for line in shown.splitlines()[1:]
+    ]
+    # Two hours on: the failure is older than the last hour.
+    Failure.objects.update(at=engine.db_now() - dt.timedelta(hours=2))
+
+    slow = next(q for q in json.loads(taskloop("status", "--json").stdout)["queues"] if q["name"] == "slow")
+    assert slow["counts"]["failed"] == 1 and slow["failures_last_hour"] == 0, slow
+    status = taskloop("status").stdout
+    header = next(line for line in status.splitlines() if "DJANGO TASKS" in line)
+    cells, names = row(status, "slow"), header.split()
+    assert cells[names.index("FAILED") - 1] == "1", (header, cells)  # ("DJANGO TASKS" is two words)
+    assert max(len(line) for line in status.splitlines()) <= 100, status
+    assert 'taskloop_items{queue="slow",kind="django_task",state="failed"} 1' in render_metrics()
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    page = client.get(reverse("admin:django_taskloop_dashboard")).content.decode()
+    table_row = page.split('data-queue-row="slow"', 1)[1].split("</tr>", 1)[0]
+    assert "1 failed</span>" in table_row  # the "failed for good" column
+
+    assert taskloop("retry", "slow", result.id).returncode == 0
+    slow = next(q for q in json.loads(taskloop("status", "--json").stdout)["queues"] if q["name"] == "slow")
+    assert slow["counts"]["failed"] == 0 and slow["counts"]["ready"] == 1, slow
+    assert 'taskloop_items{queue="slow",kind="django_task",state="failed"} 0' in render_metrics()
 
 
 def test_status_counts_each_state_up_to_a_cap_and_exact_counts_all(monkeypatch):

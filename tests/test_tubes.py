@@ -233,6 +233,24 @@ def test_bury_and_kick_order_and_counts(type):
     assert stats["tasks"]["taken"] == 4
 
 
+def test_a_kicked_task_starts_a_new_count_of_attempts():
+    """A worker buries a task after MAX_ATTEMPTS takes; an operator's kick (after a fix) gives
+    it MAX_ATTEMPTS more, counted from 1 (not "attempt 6 of 5", buried after one try)."""
+    tube = make("fifottl")
+    buried = []
+    for name in ("a", "b"):
+        task = tube.put(name)
+        for _ in range(3):
+            tube.release(tube.take(consumer="w").pk, consumer="w")
+        buried.append(tube.bury(task.pk))
+    first, _second = buried
+    assert sorted(Task.objects.values_list("attempts", flat=True)) == [3, 3]
+    assert tube.kick_task(first.pk).attempts == 0
+    assert tube.kick() == 1
+    assert sorted(Task.objects.values_list("attempts", flat=True)) == [0, 0]
+    assert tube.take(consumer="w").attempts == 1
+
+
 @pytest.mark.parametrize("type", ALL)
 def test_delete_task_in_any_state(type):
     tube = make(type)

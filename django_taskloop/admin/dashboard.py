@@ -98,6 +98,7 @@ DJANGO_TASK_STATE_LABELS = {
     "delayed": _lazy("waiting"),
     "buried": _lazy("buried"),
     "expired": _lazy("lease lost"),
+    "failed": _lazy("failed"),
 }
 
 
@@ -250,8 +251,9 @@ def state_css(kind: str, state: str) -> str:
     return "ttl" if kind in ("task", DJANGO_TASK) and state == "expired" else state
 
 
-#: What stays in a queue after failing for good, waiting for an operator.
-FAILED_FOR_GOOD = {"task": "buried", DJANGO_TASK: "buried", "job": "trashed"}
+#: What stays in a queue after failing for good, waiting for an operator (a Django Task: its
+#: result, FAILED; its tube task is gone).
+FAILED_FOR_GOOD = {"task": "buried", DJANGO_TASK: "failed", "job": "trashed"}
 
 
 def _state_labels(kind: str) -> Mapping[str, Any] | None:

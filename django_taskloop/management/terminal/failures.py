@@ -13,7 +13,7 @@ from django_taskloop import engine, shards
 from django_taskloop.models import Failure
 from django_taskloop.stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, shown_queue
 
-from .queues import Queue
+from .queues import TASKS_SUFFIX, Queue
 from .text import ago, clip, table
 
 __all__ = ["failures", "failures_lines", "failures_json"]
@@ -59,7 +59,7 @@ def failures_lines(found: list[Failure], *, tracebacks: bool = False) -> list[st
     rows = []
     for f in found:
         kind, queue = _where(f)
-        shown = queue if kind != DJANGO_TASK else f"{queue} (tasks)"
+        shown = queue if kind != DJANGO_TASK else f"{queue}{TASKS_SUFFIX}"
         rows.append(
             [ago((now - f.at).total_seconds()), shown, f.item, str(f.attempt), f.error.rsplit(".", 1)[-1]]
         )

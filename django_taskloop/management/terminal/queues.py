@@ -4,7 +4,8 @@ their kind in front when two kinds share a name (``task:emails``, ``job:emails``
 Names are the read model's (:mod:`django_taskloop.stats`): a tube's or board's name, a loop's
 model label, a Django Tasks queue's Django name (kind ``django_task``; its tubes
 ``tasks.<name>`` and ``tasks-keyed.<name>`` are one queue). A tube of a Django Tasks queue
-may still be named on its own (``task:tasks.default``).
+may still be named on its own (``task:tasks.default``). A Django Tasks queue may also be named
+as ``taskloop failures`` shows it: ``default (tasks)``.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from django_taskloop.stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, django_tasks
 
 from .text import BadInput
 
-__all__ = ["KINDS", "Queue", "resolve", "known_names"]
+__all__ = ["KINDS", "TASKS_SUFFIX", "Queue", "resolve", "known_names"]
 
 #: The kinds an operator may put in front of a name, as the read model spells them.
 KINDS = ("task", DJANGO_TASK, "job", "loop")
+#: How a table names a Django Tasks queue where tubes are named too (``default (tasks)``):
+#: typed back, it names that queue.
+TASKS_SUFFIX = " (tasks)"
 #: What each kind is called in sentences.
 KIND_WORDS = {"task": "tube", DJANGO_TASK: "Django Tasks queue", "job": "board", "loop": "loop"}
 
@@ -97,6 +101,8 @@ def resolve(text: str) -> Queue:
     kind, sep, name = text.partition(":")
     if not sep or kind not in KINDS:
         kind, name = "", text
+    if not kind and text.endswith(TASKS_SUFFIX):  # as ``failures`` shows one: "default (tasks)"
+        kind, name = DJANGO_TASK, text.removesuffix(TASKS_SUFFIX)
     if not name.strip():
         raise BadInput("a queue name is empty")
     found = _candidates(kind or None, name)

@@ -19,6 +19,7 @@ from django_taskloop import shards
 from django_taskloop.models import WorkerProcess
 from django_taskloop.stats import (
     DJANGO_TASK,
+    DJANGO_TASK_STATES,
     JOB_STATES,
     LOOP_STATES,
     TASK_STATES,
@@ -41,12 +42,14 @@ __all__ = ["status_lines", "status_json", "summaries", "watch"]
 #: The tables, in order: (kind, title, states as columns).
 SECTIONS = (
     ("task", "Tubes", TASK_STATES),
-    (DJANGO_TASK, "Django Tasks queues", TASK_STATES),
+    (DJANGO_TASK, "Django Tasks", DJANGO_TASK_STATES),
     ("job", "Job boards", JOB_STATES),
     ("loop", "Loops", LOOP_STATES),
 )
 
 
+#: The terminal's width the tables fit in (docs/operating.md): the queue names permitting.
+WIDTH = 100
 #: Each state of each queue is counted up to this many rows (shown ``100000+``), so that a
 #: watched status stays cheap on tables of millions; ``--exact`` counts them all.
 COUNT_CAP = 100_000
@@ -99,14 +102,15 @@ def status_lines(
     if not found:
         return ["No queues yet: no tube, job board, Django Tasks queue or loop model.", *unreachable]
     lines: list[str] = []
-    # One width for the name column of every table, so that the tables line up.
-    width = max(len(shards.shown(s.name, s.using)) for s in found)
     for kind, title, states in SECTIONS:
         mine = [s for s in found if s.kind == kind]
         if not mine:
             continue
-        header = [title.upper().ljust(width), *(s.upper().replace("_", " ") for s in states)]
-        header += ["OLDEST READY", "FAILED 1H", "WORKERS", "STATE"]
+        # Each table's name column as wide as its own names (a long loop label widens the loops'
+        # table only): what fits WIDTH does.
+        header = [title.upper(), *(s.upper().replace("_", " ") for s in states)]
+        # LATENCY: how long the next item to run has waited (Sidekiq's word for it).
+        header += ["LATENCY", "FAILED 1H", "WORKERS", "STATE"]
         rows = [_row(s, states, serving.get((s.kind, s.name), 0)) for s in mine]
         numbers = range(1, len(header) - 1)
         if lines:
@@ -118,13 +122,13 @@ def status_lines(
     # A sharded queue is one queue in several rows (one per shard).
     queues = len({(s.kind, s.name) for s in found})
     spread = f" in {len(found)} shards" if queues < len(found) else ""
-    lines += [
-        "",
+    counts = (
         f"{plural(queues, 'queue')}{spread} ({paused} paused), {plural(failed, 'failure')} in the last hour, "
-        f"{plural(alive, 'live worker process', 'live worker processes')}; at {found[0].now:%Y-%m-%d %H:%M:%S %Z}",
-        *unreachable,
-    ]
-    return lines
+        f"{plural(alive, 'live worker process', 'live worker processes')}"
+    )
+    at = f"at {found[0].now:%Y-%m-%d %H:%M:%S %Z}"
+    footer = [f"{counts}; {at}"] if len(counts) + len(at) + 2 <= WIDTH else [f"{counts};", at]
+    return [*lines, "", *footer, *unreachable]
 
 
 def _queue_of(entry: ItemProgress) -> tuple[str, str]:
@@ -144,9 +148,13 @@ def progress_lines(entries: list[ItemProgress]) -> list[str]:
         return []
     header = ["IN PROGRESS", "ITEM", "DONE", "MESSAGE", "WORKER"]
     rows = [
-        [_queue_of(e)[1], clip(e.item, 24), f"{e.fraction:.0%}", clip(e.message, 40), e.worker]
+        [_queue_of(e)[1], clip(e.item, 24), f"{e.fraction:.0%}", e.message, clip(e.worker, 24)]
         for e in entries
     ]
+    # The message takes what the other columns leave of the terminal's width (20 at least).
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in (0, 1, 2, 4)]
+    room = max(20, WIDTH - sum(widths) - 2 * 4)
+    rows = [[*row[:3], clip(row[3], room), row[4]] for row in rows]
     return ["", *table(header, rows, right=[2])]
 
 

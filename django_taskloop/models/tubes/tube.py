@@ -343,7 +343,9 @@ class Tube(TubeConsuming):
         return self._run(work)
 
     def kick(self, count: int = 1) -> int:
-        """Return up to ``count`` buried tasks to ready, best first; return how many."""
+        """Return up to ``count`` buried tasks to ready, best first; return how many. Each
+        starts a new count of attempts (a worker buries a task after ``MAX_ATTEMPTS`` takes:
+        a kicked one gets as many again)."""
         count = check_count(count, "count")
         if count == 0:
             self._ensure_exists()
@@ -357,7 +359,7 @@ class Tube(TubeConsuming):
                 limit=count,
                 claimable=Q(),
                 order_by=self._order(),
-                changes={"state": READY},
+                changes={"state": READY, "attempts": 0},
                 fetch=True,
                 direct=True,
             )
@@ -372,16 +374,17 @@ class Tube(TubeConsuming):
         return self._run(work)
 
     def kick_task(self, task_id: int) -> Task:
-        """Return the chosen buried task to ready and return it (``TubeError`` if not buried)."""
+        """Return the chosen buried task to ready, with a new count of attempts (as
+        :meth:`kick`), and return it (``TubeError`` if not buried)."""
         task_id = _check_task_id(task_id)
 
         def work() -> Task:
             task = self._existing(task_id, lock=True)
             if task.state != BURIED:
                 raise TubeError(f"task {task_id} of tube {self.name!r} is not buried (state {task.state!r})")
-            self._tasks().filter(pk=task.pk).update(state=READY)
+            self._tasks().filter(pk=task.pk).update(state=READY, attempts=0)
             self._count(kick=1)
-            task.state = READY
+            task.state, task.attempts = READY, 0
             self._emit(task, "kick")
             self._wake()
             return task
