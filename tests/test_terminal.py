@@ -195,6 +195,34 @@ def test_status_of_an_unknown_queue_is_one_line_and_status_2():
     refused(taskloop("status", "job:t-known"), "no board named 't-known'")
 
 
+def test_djangos_own_options_go_after_the_action_too():
+    """Django users put ``--settings`` (and ``--traceback``, ``--no-color``, ``--pythonpath``,
+    ``-v``) last; every management command takes them there. ``--settings`` after the action is
+    the one used (the environment's names a module that does not exist)."""
+    Tube.objects.create_tube("t-known", "fifo")
+    connections.close_all()
+    run = subprocess.run(
+        [sys.executable, "-m", "django", "taskloop", "status", "t-known", "--settings", "tests.settings"]
+        + ["--no-color", "--pythonpath", str(ROOT), "-v", "2", "--skip-checks"],
+        env=child_env(DJANGO_SETTINGS_MODULE="tests.no_such_settings"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0 and row(run.stdout, "t-known")[1] == "0", run.stderr
+    # --traceback after the action: Django's (a refusal shows its traceback)...
+    traced = taskloop("pause", "t-nope", "--traceback")
+    assert traced.returncode != 0 and "Traceback (most recent call last)" in traced.stderr, traced.stderr
+    # ... but for failures its own: each failure's traceback.
+    assert taskloop("failures", "--traceback").stdout == "No failures.\n"
+    # An option nobody knows, before or after the action: one line, status 2.
+    for args in (("status", "--bogus"), ("--bogus", "status")):
+        bad = taskloop(*args)
+        assert bad.returncode == 2 and bad.stdout == "", bad
+        assert bad.stderr.count("\n") == 1 and "unrecognized arguments: --bogus" in bad.stderr, bad.stderr
+
+
 def _on_database(tmp_path: Any, url: str, *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``manage.py taskloop ARGS`` with the suite's settings on the database ``url``."""
     connections.close_all()

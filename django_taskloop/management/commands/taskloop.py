@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import functools
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -20,13 +22,34 @@ from django_taskloop.management.terminal.trouble import (
 WATCH_EVERY = 2.0
 
 
+def _one_line_error(parser: CommandParser, message: str) -> Any:
+    """A usage error as one line on stderr (and exit status 2), not the usage then the error."""
+    if parser.called_from_command_line:
+        parser.exit(2, f"{parser.prog}: error: {message} (see {parser.prog} --help)\n")
+    raise CommandError(f"Error: {message}", returncode=2)
+
+
 class OneLineParser(CommandParser):
     """A subcommand's parser whose usage errors are one line (and exit status 2)."""
 
     def error(self, message: str) -> Any:
-        if self.called_from_command_line:
-            self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-        raise CommandError(f"Error: {message}", returncode=2)
+        return _one_line_error(self, message)
+
+
+def _django_options(p: CommandParser, *, but: tuple[str, ...] = ()) -> None:
+    """Django's options of every command (``--settings``, ``--traceback``, …), accepted after the
+    action too, where Django users put them (``taskloop status --settings mysite.prod``). Django
+    reads ``--settings`` and ``--pythonpath`` from anywhere in the command line before it sets
+    up; here they only need to be allowed. Absent, they leave the values given before the action
+    alone. ``but``: options the action has its own meaning for (``failures --traceback``)."""
+    unset = argparse.SUPPRESS
+    for flag in ("--settings", "--pythonpath"):
+        if flag not in but:
+            p.add_argument(flag, default=unset, help=argparse.SUPPRESS)
+    for flag in ("--traceback", "--no-color", "--force-color", "--skip-checks"):
+        if flag not in but:
+            p.add_argument(flag, action="store_true", default=unset, help=argparse.SUPPRESS)
+    p.add_argument("-v", "--verbosity", type=int, choices=[0, 1, 2, 3], default=unset, help=argparse.SUPPRESS)
 
 
 def _status_parser(sub: Any) -> None:
@@ -88,6 +111,13 @@ def _change_parsers(sub: Any) -> None:
 class Command(BaseCommand):
     help = "See and steer the queues: status, failures, retry, pause, resume, prune."
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        # What the actions' parsers leave (an unknown option after the action) ends up here:
+        # one line too.
+        parser.error = functools.partial(_one_line_error, parser)  # type: ignore[method-assign]
+        return parser
+
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(
             dest="action", metavar="ACTION", required=True, parser_class=OneLineParser
@@ -95,6 +125,8 @@ class Command(BaseCommand):
         _status_parser(sub)
         _failures_parser(sub)
         _change_parsers(sub)
+        for name, action in sub.choices.items():
+            _django_options(action, but=("--traceback",) if name == "failures" else ())
 
     def check(self, *args: Any, **kwargs: Any) -> None:
         """Django's system checks, once the queues' databases answer: Django 6 runs the model
