@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 from typing import Any
 
 from django.apps import apps
 from django.core import checks
 from django.db import connections
 
-from . import engine
+from . import compat, engine
 
 
 @checks.register(checks.Tags.database)
@@ -62,6 +63,51 @@ def check_tasks_framework(app_configs: Any = None, **kwargs: Any) -> list[checks
         )
         for alias in named
     ]
+
+
+@checks.register()
+def check_tasks_configured(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """taskloop.W003: apps define Django Tasks (``@task`` in a ``tasks`` module) but the settings
+    name no ``TASKS`` at all: ``enqueue()`` runs each one at once, inline, through Django's
+    default backend, and ``manage.py workers`` has nothing of them to run. (A ``TASKS`` that
+    names other backends, such as a test settings file's, is a choice: no warning.)"""
+    from django.conf import settings
+
+    # (is_overridden: whether the settings module sets it; django-stubs lack it.)
+    if compat.Task is None or settings.is_overridden("TASKS"):  # type: ignore[misc]
+        return []
+    found = _defined_tasks(compat.Task)
+    if not found:
+        return []
+    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return [
+        checks.Warning(
+            f"{shown} {'is a Django Task' if len(found) == 1 else 'are Django Tasks'}, but TASKS is "
+            "not set: enqueue() runs them at once, in the caller, through Django's default "
+            "backend, and no worker runs them.",
+            hint='Set TASKS = {"default": {"BACKEND": "django_taskloop.backends.TaskloopBackend"}} '
+            "(README: Django Tasks).",
+            id="taskloop.W003",
+        )
+    ]
+
+
+def _defined_tasks(task_class: type) -> list[str]:
+    """Return the dotted paths of the Django Tasks that the installed apps' ``tasks`` modules
+    define (each module imported, as ``admin.autodiscover()`` imports ``admin`` modules)."""
+    from django.utils.module_loading import module_has_submodule
+
+    found = []
+    for app_config in apps.get_app_configs():
+        if not module_has_submodule(app_config.module, "tasks"):
+            continue
+        module = importlib.import_module(f"{app_config.name}.tasks")
+        found += [
+            f"{module.__name__}.{name}"
+            for name, value in vars(module).items()
+            if isinstance(value, task_class) and getattr(value, "module_path", "").startswith(module.__name__)
+        ]
+    return found
 
 
 @checks.register()

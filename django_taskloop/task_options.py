@@ -90,12 +90,18 @@ def task(function: Any = None, **options: Any) -> Any:
     Django 6.0's ``task()`` passes no unknown keyword on (a ``TypeError``). This one gives
     Django's decorator its own arguments and the rest to ``using()``, which every version
     routes to :class:`TaskloopTask`.
+
+    Under another ``TASKS`` backend (Django's ``ImmediateBackend`` or ``DummyBackend`` in a
+    test settings file, another queue in staging) the task is that backend's plain ``Task``
+    and these options have no effect there: ``tasks.py`` imports and runs under any backend.
     """
     ours = {name: options.pop(name) for name in OPTION_NAMES if name in options}
 
     def wrapper(func: Any) -> Any:
         made = framework_task(**options)(func)
-        return made.using(**ours) if ours else made
+        if not ours or not isinstance(made, TaskloopTask):
+            return made
+        return made.using(**ours)
 
     return wrapper(function) if function is not None else wrapper
 

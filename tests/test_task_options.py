@@ -617,3 +617,27 @@ def test_a_per_call_backoff_that_cannot_reach_the_worker_is_refused_at_using():
     with pytest.raises(ValueError, match="module-level function"):
         t.step.using(backoff=nested)
     assert not Task.objects.exists() and not TaskRecord.objects.exists()
+
+
+def doubled(n: int) -> int:
+    return 2 * n
+
+
+def test_task_options_leave_another_backend_usable():
+    """``django_taskloop.task_options.task(max_attempts=…)`` under another TASKS backend (a test
+    settings file's ImmediateBackend): the task is that backend's plain Task, the options have
+    no effect there, and it runs. (Django's own ``@task(max_attempts=…)`` is a TypeError there:
+    the README says so, and which backends to use in tests.)"""
+    import django
+    from django.test import override_settings
+
+    from django_taskloop import task_options
+
+    framework = "django.tasks" if django.VERSION >= (6,) else "django_tasks"
+    immediate = f"{framework}.backends.immediate.ImmediateBackend"
+    with override_settings(TASKS={"default": {"BACKEND": immediate}}):
+        made = task_options.task(max_attempts=5, ttl=60)(doubled)
+        assert not isinstance(made, TaskloopTask)
+        assert made.enqueue(21).return_value == 42
+    ours = task_options.task(max_attempts=5, ttl=60)(doubled)
+    assert isinstance(ours, TaskloopTask) and (ours.max_attempts, ours.ttl) == (5, 60)

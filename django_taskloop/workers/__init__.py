@@ -61,6 +61,7 @@ __all__ = [
     "autodiscover",
     "registry",
     "get_handlers",
+    "serving",
     "StopNow",
     "FailedForGood",
     "run_interruptibly",
@@ -375,6 +376,19 @@ def autodiscover() -> None:
         if message is None:
             raise
         raise ImproperlyConfigured(message) from error
+
+
+def serving(only: Iterable[str] | None = None) -> list[Handler]:
+    """:func:`get_handlers`, or a ``ValueError`` saying what to configure if there is none."""
+    handlers = get_handlers(only)
+    if not handlers:
+        raise ValueError(
+            "nothing to serve: no handler is registered (@tube, @board, @loop, @lockable in an "
+            "app's taskloop.py) and TASKS names no django_taskloop.backends.TaskloopBackend; for "
+            'Django Tasks set TASKS = {"default": {"BACKEND": '
+            '"django_taskloop.backends.TaskloopBackend"}} (README: Django Tasks)'
+        )
+    return handlers
 
 
 def _named(asked: str, handlers: dict[str, Handler]) -> list[str]:

@@ -29,7 +29,7 @@ from ..exceptions import DatabaseBusy
 from ..health import CleanupWatch
 from ..models import Failure, WorkerProcess
 from ..reaper import format_report, reap
-from . import FailedForGood, Handler, StopNow, get_handlers, inside_user_code, shard_handlers
+from . import FailedForGood, Handler, StopNow, get_handlers, inside_user_code, serving, shard_handlers
 from .batches import Batch, Chores, Tally, ThroughputCounts, count, outcome, progress_key
 from .drivers import Driver, TubeDriver, make_driver, tubes_worth_trying
 from .outage import Outages, Parked, check_databases, drop_broken_connections, first_line, refuse_unmigrated
@@ -974,14 +974,12 @@ def run_workers(
     With one process the worker runs in this one. With more, this process supervises: it
     restarts a child that dies (``kill -9``, a crash) and passes signals on to the children.
     Return the exit status. A database the handlers use that lacks their tables raises
-    :class:`~.outage.NotMigrated` before anything starts.
+    :class:`~.outage.NotMigrated` before anything starts; no handler at all, a ``ValueError``
+    saying what to configure (a process manager must not restart it forever).
     """
-    handlers = get_handlers(only)
+    handlers = serving(only)
     if schedule:
         schedules.configured()  # a bad schedule stops the command here, before any process starts
-    if not handlers:
-        logger.warning("no handlers registered: nothing to do")
-        return 0
     check_databases(shard_handlers(handlers), processes)
     logger.info(
         "starting %d worker process(es)%s for: %s",
