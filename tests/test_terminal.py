@@ -494,6 +494,21 @@ def test_retry_runs_a_failed_django_task_again_as_the_same_result():
 # -- pause and resume ------------------------------------------------------------------------------
 
 
+def test_alive_says_whether_a_worker_process_on_this_host_beats():
+    """``taskloop alive``: a process manager's or Kubernetes' health check (exit 0 or 1, one line)."""
+    import socket
+
+    dead = taskloop("alive")
+    assert dead.returncode == 1 and dead.stdout == "", dead
+    assert f"no live worker process on host {socket.gethostname()}" in dead.stderr
+    WorkerProcess.objects.beat("here:1", host=socket.gethostname(), pid=1, queues=[], holding={})
+    WorkerProcess.objects.beat("far:2", host="far", pid=2, queues=[], holding={})
+    WorkerProcess.objects.filter(identity="far:2").update(beat_at=engine.DbNow(-3600))
+    live = taskloop("alive")
+    assert live.returncode == 0 and live.stdout.startswith("1 live worker process on host "), live
+    assert taskloop("alive", "--host", "far").returncode == 1  # its last beat is an hour old
+
+
 def test_pause_and_resume_every_kind_of_queue():
     tube, _ = buried_tube()
     board = JobBoard.objects.create_board("t-builds")

@@ -1,9 +1,11 @@
-"""``manage.py taskloop``: the operator's terminal (status, failures, retry, pause, resume, prune)."""
+"""``manage.py taskloop``: the operator's terminal (status, failures, retry, pause, resume, prune,
+alive)."""
 
 from __future__ import annotations
 
 import argparse
 import functools
+import socket
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -106,10 +108,14 @@ def _change_parsers(sub: Any) -> None:
         help="Only this kind of row (repeatable).",
     )
     p.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
+    p = sub.add_parser(
+        "alive", help="Exit 0 if a worker process on this host beat lately, else 1 (a health check)."
+    )
+    p.add_argument("--host", default=socket.gethostname(), help="Another host's (default: this one).")
 
 
 class Command(BaseCommand):
-    help = "See and steer the queues: status, failures, retry, pause, resume, prune."
+    help = "See and steer the queues: status, failures, retry, pause, resume, prune; alive: a health check."
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         parser = super().create_parser(prog_name, subcommand, **kwargs)
@@ -192,6 +198,12 @@ class Command(BaseCommand):
 
     def do_resume(self, *, queues: list[str], **options: Any) -> None:
         self.say([actions.resume(q) for q in [resolve(name) for name in queues]])
+
+    def do_alive(self, *, host: str, **options: Any) -> None:
+        ok, line = actions.alive(host)
+        if not ok:
+            raise CommandError(line, returncode=1)
+        self.say(line)
 
     def do_prune(self, *, older_than: str, only: list[str] | None, dry_run: bool, **options: Any) -> None:
         seconds = parse_duration(older_than, "--older-than")

@@ -16,15 +16,15 @@ from django.db.models import QuerySet
 from django_taskloop import engine, shards
 from django_taskloop.backends import taskloop_backends
 from django_taskloop.compat import TaskResultDoesNotExist
-from django_taskloop.conf import tasks_backend_aliases
-from django_taskloop.models import ConsumedJob, Failure, TaskRecord, TaskRecordStatus
+from django_taskloop.conf import setting, tasks_backend_aliases
+from django_taskloop.models import ConsumedJob, Failure, TaskRecord, TaskRecordStatus, WorkerProcess
 from django_taskloop.models.tubes import STORED_STATES
 from django_taskloop.stats import DJANGO_TASK
 
 from .queues import Queue
 from .text import BadInput, duration, plural
 
-__all__ = ["retry", "pause", "resume", "prune", "PRUNABLE"]
+__all__ = ["retry", "pause", "resume", "prune", "alive", "PRUNABLE"]
 
 _STATE_NAMES = {code: name for name, code in STORED_STATES.items()}
 
@@ -274,3 +274,16 @@ def prune(older_than: float, what: list[str], dry_run: bool) -> list[str]:
         verb = "would delete" if dry_run else "deleted"
         lines.append(f"{title} older than {duration(older_than)}: {verb} {n}")
     return lines
+
+
+def alive(host: str) -> tuple[bool, str]:
+    """Whether a worker process on ``host`` beat within ``WORKER_TIMEOUT`` (what the workers
+    page calls live), and one line saying so: a process manager's or Kubernetes' check."""
+    live = WorkerProcess.objects.alive().filter(host=host)
+    newest = live.order_by("-beat_at").values_list("beat_at", flat=True).first()
+    if newest is None:
+        within = duration(float(setting("WORKER_TIMEOUT")))
+        return False, f"no live worker process on host {host} (none beat in the last {within})"
+    age = (engine.db_now() - newest).total_seconds()
+    found = plural(live.count(), "live worker process", "live worker processes")
+    return True, f"{found} on host {host}, the newest beat {duration(age)} ago"
