@@ -76,9 +76,9 @@ ONE_DJANGO_LINE: dict[str, str] = {
     "tests/test_worker_stops.py": "signals and kills racing a supervisor and its children",
 }
 
-#: Tests that run ``manage.py workers`` processes and wait on them. A Django line's legs run them
-#: on SQLite; ``TASKLOOP_WORKER_TESTS=0`` (CI: Django 6.1 on MariaDB and PostgreSQL) leaves them
-#: to that line's SQLite leg and to the database's Django 5.2 leg, which run them: the statements
+#: Tests that run ``manage.py workers`` processes and wait on them. CI runs them once per database
+#: and once per Django line: on Django 6.1's SQLite leg and on Django 5.2's MariaDB and
+#: PostgreSQL legs; ``TASKLOOP_WORKER_TESTS=0`` leaves them out of the others. The statements
 #: such a worker sends are the ones the in-process tests pin on every line and database.
 WORKER_PROCESSES: dict[str, str] = {
     "tests/test_workers.py": "workers draining, stopping, pausing",
@@ -197,8 +197,8 @@ _LEFT_TO_OTHER_LEGS = [
         "TASKLOOP_WORKER_TESTS",
         "0",
         "worker_processes",
-        "that run worker processes left to this Django line's SQLite leg and this database's leg "
-        "on another Django line",
+        "that run worker processes left to other legs (CI: Django 6.1 on SQLite, Django 5.2 on "
+        "MariaDB and PostgreSQL)",
     ),
     (
         "TASKLOOP_BROWSER_TESTS",
