@@ -146,7 +146,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [
             checks.Error(
                 f"TASKLOOP must be a dict, not {type(user).__name__}.",
-                hint=f"Known keys: {', '.join(DEFAULTS)}.",
+                hint=f"Known keys: {', '.join(DEFAULTS)}; see docs/settings.md, the settings reference.",
                 id="taskloop.E021",
             )
         ]
@@ -161,7 +161,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             found.append(
                 checks.Error(
                     f"{error}.",
-                    hint=f"The default is {DEFAULTS[key]!r}; see the settings table in the README.",
+                    hint=f"The default is {DEFAULTS[key]!r}; see docs/settings.md, the settings reference.",
                     id="taskloop.E020",
                 )
             )
@@ -173,7 +173,11 @@ def _unknown_key(key: Any) -> checks.CheckMessage:
     from .conf import DEFAULTS
 
     nearest = difflib.get_close_matches(str(key).upper(), DEFAULTS, n=1, cutoff=0.6)
-    hint = f"Did you mean {nearest[0]!r}?" if nearest else f"Known keys: {', '.join(DEFAULTS)}."
+    hint = (
+        f"Did you mean {nearest[0]!r}?"
+        if nearest
+        else f"Known keys: {', '.join(DEFAULTS)}; see docs/settings.md, the settings reference."
+    )
     return checks.Warning(
         f"TASKLOOP[{key!r}] is not a django-taskloop setting: it is ignored.", hint=hint, id="taskloop.W020"
     )

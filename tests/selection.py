@@ -40,6 +40,7 @@ VENDOR_INDEPENDENT: dict[str, str] = {
     "tests/test_readme.py": "the README's examples as written (the verbs they call: their own tests)",
     "tests/test_checks_settings.py": "the TASKLOOP setting's validation",
     "tests/test_fresh_project.py": "a project of its own on SQLite: TASKS forgotten or another backend",
+    "tests/test_docs_site.py": "the documentation site's build and its settings reference",
     "tests/test_terminal.py": "the terminal's commands and output (the read model: tests/test_stats.py)",
     "tests/test_task_names.py": "how a task is named",
     "tests/test_task_names_admin.py": "task names in the admin's pages",

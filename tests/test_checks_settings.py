@@ -12,7 +12,7 @@ import pytest
 from django.test import override_settings
 
 from django_taskloop.checks import check_rangefilter, check_settings
-from django_taskloop.conf import setting
+from django_taskloop.conf import DEFAULTS, setting
 from tests.workers_util import ROOT, child_env
 
 pytestmark = pytest.mark.django_db
@@ -43,6 +43,8 @@ def test_a_bad_value_is_an_error_naming_the_key(value, said):
     with override_settings(TASKLOOP=value):
         found = check_settings()
     assert [(m.id, m.msg) for m in found] == [("taskloop.E020", said)]
+    [key] = value
+    assert found[0].hint == f"The default is {DEFAULTS[key]!r}; see docs/settings.md, the settings reference."
 
 
 def test_good_values_and_the_defaults_pass():
@@ -58,14 +60,19 @@ def test_an_unknown_key_warns_with_the_nearest_name_and_is_ignored():
         assert setting("MAX_ATTEMPTS") == 5  # no traceback: the misspelt key is left out
     assert [(m.id, m.hint) for m in found] == [
         ("taskloop.W020", "Did you mean 'MAX_ATTEMPTS'?"),
-        ("taskloop.W020", "Known keys: " + ", ".join(__import__("django_taskloop.conf").conf.DEFAULTS) + "."),
+        (
+            "taskloop.W020",
+            f"Known keys: {', '.join(DEFAULTS)}; see docs/settings.md, the settings reference.",
+        ),
     ]
     assert found[0].msg == "TASKLOOP['MAX_ATTEMPT'] is not a django-taskloop setting: it is ignored."
 
 
 def test_taskloop_that_is_not_a_dict_is_an_error():
     with override_settings(TASKLOOP=[("MAX_ATTEMPTS", 3)]):
-        assert [m.id for m in check_settings()] == ["taskloop.E021"]
+        found = check_settings()
+        assert [m.id for m in found] == ["taskloop.E021"]
+        assert found[0].hint.endswith("; see docs/settings.md, the settings reference.")
         assert setting("MAX_ATTEMPTS") == 5
 
 
