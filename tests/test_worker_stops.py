@@ -147,3 +147,40 @@ def test_workers_stop_on_one_signal_even_if_started_with_them_ignored_or_blocked
             worker.kill()
             worker.communicate()
     assert worker.returncode == 0, output
+
+
+@pytest.mark.parametrize("processes", [None, "2"])
+def test_stop_signals_that_keep_coming_while_a_stopped_worker_exits_change_nothing(processes):
+    """A process manager (or a supervisor) may send SIGTERM again while a stopped worker exits
+    (stop_hard resends it): once the worker has given everything back, a late one must not kill
+    it with -15. Rounds of a stop followed by a SIGTERM every 2 ms, to the supervisor and each
+    child, until the process is gone: each exits 0."""
+    Tube.objects.create_tube("w-drain", "fifottl")
+    args = ["--only", "w-drain", *(["--processes", processes] if processes else [])]
+    for _ in range(4):
+        worker = start_workers(*args)
+        try:
+            wait_until(lambda: list(WorkerProcess.objects.alive()), timeout=60)
+            pids = [worker.pid, *(int(p) for p in _children(worker.pid))]
+            worker.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + GRACE + 20
+            while worker.poll() is None and time.monotonic() < deadline:
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.002)
+            output, _ = worker.communicate(timeout=30)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+        assert worker.returncode == 0, output
+        assert "status -15" not in output, output
+        WorkerProcess.objects.all().delete()
+
+
+def _children(pid: int) -> list[str]:
+    """The pids of ``pid``'s child processes (a supervisor's workers)."""
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return found.split()

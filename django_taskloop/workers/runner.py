@@ -193,9 +193,12 @@ class Worker:
             self.log_summary(time.monotonic() - started)
             connections.close_all()
             wakeup.close_listeners()
-            # Run in-process (call_command), the caller gets its own handlers back.
+            # Run in-process (call_command), the caller gets its own handlers back. But after a
+            # stop, the default (die) is ignoring: the stop is done, and one sent again while the
+            # process exits (a supervisor's, a process manager's) must not turn 0 into -15.
             for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                stopped = self.stopping and handler == signal.SIG_DFL
+                signal.signal(sig, signal.SIG_IGN if stopped else handler)
         return 0
 
     def _prepare(self) -> None:

@@ -121,6 +121,11 @@ class Supervisor:
                 if process.exitcode is not None:
                     status = max(status, self._ended(slot, process))
         logger.info("all worker processes stopped")
+        if self.signals:
+            # The stop is done: one sent again while this process exits must not kill it with
+            # -15 (Python's exit hands its signal handlers back to the default, die).
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         return status
 
     def _escalate(self, overdue: float) -> None:
