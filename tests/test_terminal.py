@@ -245,10 +245,10 @@ def test_a_database_without_the_tables_says_run_migrate_in_one_line(tmp_path, ac
     assert "lacks the tables of django_taskloop" in line and "run manage.py migrate" in line, line
 
 
-@pytest.mark.parametrize("scheme", ["postgres", "mysql"])
+@pytest.mark.parametrize(
+    "scheme", ["postgres", pytest.param("mysql", marks=pytest.mark.needs_module("MySQLdb", "mysql"))]
+)
 def test_a_database_that_is_down_is_one_line(tmp_path, scheme):
-    # The SQLite legs install neither server driver's extra; each server's leg has its own.
-    pytest.importorskip({"postgres": "psycopg", "mysql": "MySQLdb"}[scheme])
     with socket.socket() as free:  # a port where no server listens
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
