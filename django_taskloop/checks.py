@@ -67,42 +67,66 @@ def check_tasks_framework(app_configs: Any = None, **kwargs: Any) -> list[checks
 
 @checks.register()
 def check_tasks_configured(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """taskloop.W003: apps define Django Tasks (``@task`` in a ``tasks`` module) but the settings
-    name no ``TASKS`` at all: ``enqueue()`` runs each one at once, inline, through Django's
-    default backend, and ``manage.py workers`` has nothing of them to run. (A ``TASKS`` that
-    names other backends, such as a test settings file's, is a choice: no warning.)"""
+    """When ``TASKS`` names no ``TaskloopBackend``, the apps' ``tasks`` modules:
+
+    - taskloop.E005: one cannot be imported because Django's ``@task`` handed django-taskloop's
+      options (``max_attempts=…``) to a backend that takes none (a ``TypeError``);
+    - taskloop.W003: ``TASKS`` is not set at all and they define Django Tasks: ``enqueue()``
+      runs each at once, inline, through Django's default backend, and no worker runs them.
+      (A ``TASKS`` that names other backends, such as a test settings file's, is a choice.)
+    """
     from django.conf import settings
 
-    # (is_overridden: whether the settings module sets it; django-stubs lack it.)
-    if compat.Task is None or settings.is_overridden("TASKS"):  # type: ignore[misc]
+    from .conf import tasks_backend_aliases
+
+    if compat.Task is None or tasks_backend_aliases():
         return []
-    found = _defined_tasks(compat.Task)
-    if not found:
-        return []
-    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-    return [
-        checks.Warning(
-            f"{shown} {'is a Django Task' if len(found) == 1 else 'are Django Tasks'}, but TASKS is "
-            "not set: enqueue() runs them at once, in the caller, through Django's default "
-            "backend, and no worker runs them.",
-            hint='Set TASKS = {"default": {"BACKEND": "django_taskloop.backends.TaskloopBackend"}} '
-            "(README: Django Tasks).",
-            id="taskloop.W003",
+    found, refused = _defined_tasks(compat.Task)
+    messages: list[checks.CheckMessage] = [
+        checks.Error(
+            f"{module} cannot be imported ({error}): Django's @task hands task options to the "
+            "TASKS backend, and only django-taskloop's take them.",
+            hint='Set TASKS = {"default": {"BACKEND": "django_taskloop.backends.TaskloopBackend"}}; '
+            "under another backend (tests) decorate with django_taskloop.task_options.task, whose "
+            "options have no effect there (README: Another backend in tests or staging).",
+            id="taskloop.E005",
         )
+        for module, error in refused
     ]
+    # (is_overridden: whether the settings module sets it; django-stubs lack it.)
+    if found and not settings.is_overridden("TASKS"):  # type: ignore[misc]
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        messages.append(
+            checks.Warning(
+                f"{shown} {'is a Django Task' if len(found) == 1 else 'are Django Tasks'}, but TASKS "
+                "is not set: enqueue() runs them at once, in the caller, through Django's default "
+                "backend, and no worker runs them.",
+                hint='Set TASKS = {"default": {"BACKEND": "django_taskloop.backends.TaskloopBackend"}} '
+                "(README: Django Tasks).",
+                id="taskloop.W003",
+            )
+        )
+    return messages
 
 
-def _defined_tasks(task_class: type) -> list[str]:
+def _defined_tasks(task_class: type) -> tuple[list[str], list[tuple[str, str]]]:
     """Return the dotted paths of the Django Tasks that the installed apps' ``tasks`` modules
-    define (each module imported, as ``admin.autodiscover()`` imports ``admin`` modules)."""
+    define (each module imported, as ``admin.autodiscover()`` imports ``admin`` modules), and
+    ``(module, error)`` for each that a backend's refusal of task options kept from importing."""
     from django.utils.module_loading import module_has_submodule
 
-    found = []
+    found: list[str] = []
+    refused: list[tuple[str, str]] = []
     for app_config in apps.get_app_configs():
         if not module_has_submodule(app_config.module, "tasks"):
             continue
+        dotted = f"{app_config.name}.tasks"
         try:
-            module = importlib.import_module(f"{app_config.name}.tasks")
+            module = importlib.import_module(dotted)
+        except TypeError as error:
+            if "unexpected keyword argument" in str(error):
+                refused.append((dotted, f"TypeError: {error}"))
+            continue
         except Exception:  # noqa: BLE001 (another framework's tasks module: not this check's business)
             continue
         found += [
@@ -110,7 +134,7 @@ def _defined_tasks(task_class: type) -> list[str]:
             for name, value in vars(module).items()
             if isinstance(value, task_class) and getattr(value, "module_path", "").startswith(module.__name__)
         ]
-    return found
+    return found, refused
 
 
 @checks.register()

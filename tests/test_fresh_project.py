@@ -102,3 +102,11 @@ def test_djangos_own_task_with_options_under_another_backend_is_its_type_error(t
     )
     run = _manage(project, "shell", "-c", "import shop.tasks")
     assert run.returncode != 0 and "unexpected keyword argument 'max_attempts'" in run.stderr, run.stderr
+    # manage.py check names the cause and the fix, unless something imports the module first.
+    check = _manage(project, "check")
+    assert check.returncode != 0 and "taskloop.E005" in check.stderr, check.stderr
+    assert "shop.tasks cannot be imported" in check.stderr and "task_options.task" in check.stderr
+    # So does it when TASKS is forgotten (Django's default backend refuses the options too).
+    forgotten = _project(tmp_path / "forgotten", "", own)
+    check = _manage(forgotten, "check")
+    assert check.returncode != 0 and "taskloop.E005" in check.stderr, check.stderr
