@@ -7,10 +7,12 @@ import sys
 import time
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_taskloop.health import queue_tables
 from django_taskloop.workers.outage import NotMigrated, Outages
+from django_taskloop.workers.reload import reloading
 from django_taskloop.workers.runner import run_workers
 
 
@@ -36,6 +38,16 @@ class Command(BaseCommand):
             dest="schedule",
             help="Do not run the cron schedules (@periodic functions, TASKLOOP['SCHEDULE']).",
         )
+        parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="Start the workers again when a Python file changes, once running work has finished "
+            "(Django's autoreloader, as runserver's). Default: on when DEBUG is true, except with --burst.",
+        )
+        parser.add_argument(
+            "--noreload", action="store_false", dest="reload", help="Do not reload on code changes."
+        )
+        parser.set_defaults(reload=None)
 
     def check(self, *args: Any, **kwargs: Any) -> None:
         """Django's system checks, once the queues' databases can be reached: Django 6 runs
@@ -49,7 +61,14 @@ class Command(BaseCommand):
         super().check(*args, **kwargs)
 
     def handle(
-        self, *args: Any, processes: int, only: list[str] | None, burst: bool, schedule: bool, **options: Any
+        self,
+        *args: Any,
+        processes: int,
+        only: list[str] | None,
+        burst: bool,
+        schedule: bool,
+        reload: bool | None,
+        **options: Any,
     ) -> None:
         if processes < 1:
             raise CommandError("--processes must be at least 1")
@@ -59,18 +78,35 @@ class Command(BaseCommand):
             log.setLevel(logging.DEBUG)
             for handler in log.handlers:
                 handler.setLevel(logging.DEBUG)
-        try:
-            status = run_workers(only, processes=processes, burst=burst, schedule=schedule)
-        except NotMigrated as error:
-            # One line instead of the traceback of the first missing table.
-            raise CommandError(str(error), returncode=2)
-        except ValueError as error:
-            raise CommandError(str(error))
-        except KeyboardInterrupt:
-            # Ctrl-C while waiting for a database at start (the workers handle their own).
-            sys.exit(130)
+
+        def work() -> int:
+            return _work(only, processes, burst, schedule)
+
+        status = reloading(work) if reload_wanted(reload, burst) else work()
         if status:
             sys.exit(status)
+
+
+def reload_wanted(asked: bool | None, burst: bool) -> bool:
+    """Whether to reload on code changes: as asked (--reload, --noreload), else under DEBUG, as
+    runserver does; not for a burst unless asked (it drains and exits: nothing to reload)."""
+    if asked is not None:
+        return asked
+    return bool(settings.DEBUG) and not burst
+
+
+def _work(only: list[str] | None, processes: int, burst: bool, schedule: bool) -> int:
+    """Run the workers; return the exit status."""
+    try:
+        return run_workers(only, processes=processes, burst=burst, schedule=schedule)
+    except NotMigrated as error:
+        # One line instead of the traceback of the first missing table.
+        raise CommandError(str(error), returncode=2)
+    except ValueError as error:
+        raise CommandError(str(error))
+    except KeyboardInterrupt:
+        # Ctrl-C while waiting for a database at start (the workers handle their own).
+        sys.exit(130)
 
 
 def _logger() -> logging.Logger:
