@@ -168,7 +168,11 @@ def test_a_django_task_that_failed_for_good_stays_counted_until_an_operator_retr
     client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
     page = client.get(reverse("admin:django_taskloop_dashboard")).content.decode()
     table_row = page.split('data-queue-row="slow"', 1)[1].split("</tr>", 1)[0]
-    assert "1 failed</span>" in table_row  # the "failed for good" column
+    assert "1 failed</span>" in table_row  # the "failed for good" column, linked to them:
+    link = re.search(r'<a href="([^"]*status__exact=FAILED)"><span class="tl-state tl-failed">', table_row)
+    assert link is not None, table_row
+    listed = client.get(link.group(1).replace("&amp;", "&")).content.decode()
+    assert result.id in listed, listed
 
     assert taskloop("retry", "slow", result.id).returncode == 0
     slow = next(q for q in json.loads(taskloop("status", "--json").stdout)["queues"] if q["name"] == "slow")

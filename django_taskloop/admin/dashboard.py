@@ -290,6 +290,8 @@ def _queue_row(summary: QueueSummary, card: dict[str, Any], processed: Any) -> d
     ]
     done, _failed = _processed(summary, processed)
     good = FAILED_FOR_GOOD.get(summary.kind)
+    # A Django Tasks queue's failed for good: its FAILED results, a click away.
+    results = card.get("list_url") if summary.kind == DJANGO_TASK else None
     return {
         **card,
         "states": chips,
@@ -298,6 +300,7 @@ def _queue_row(summary: QueueSummary, card: dict[str, Any], processed: Any) -> d
         "done": f"{done:,}",
         "for_good": count_text(*summary.depth()[good]) if good else "",
         "for_good_state": good,
+        "for_good_url": f"{results}&status__exact=FAILED" if results else None,
         "empty": summary.empty,
     }
 
