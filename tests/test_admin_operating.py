@@ -176,6 +176,11 @@ def test_the_dashboard_shows_throughput_failures_pauses_workers_and_is_linked_fr
     from tests.testapp.models import IntLoop
 
     assert IntLoop.objects.paused()
+    # Named as Django spells a model (testapp.IntLoop), as the terminal and --only take it.
+    boss.post(
+        reverse("admin:django_taskloop_pause"), {"kind": "loop", "queue": "testapp.IntLoop", "do": "resume"}
+    )
+    assert not IntLoop.objects.paused()
 
 
 def test_the_dashboard_pause_needs_the_change_permission(client):

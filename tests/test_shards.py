@@ -366,6 +366,24 @@ def test_the_admin_pauses_and_resumes_a_sharded_queue_on_every_shard(sharded, ad
     assert not any(jobs.shard(alias).paused for alias in BOTH)
 
 
+def test_the_admins_kick_every_buried_task_kicks_on_every_shard(sharded, admin_client, settings):
+    """As pause and resume do: the changelist's row of a sharded tube is the whole queue."""
+    from django.urls import reverse
+
+    settings.TASKLOOP = {"SHARDS": {"s-tube": BOTH}}
+    for alias in BOTH:
+        shard = sharded.shard(alias)
+        shard.put({"on": alias})
+        shard.bury(shard.take(consumer="me").pk)
+    buried = [Task.objects.using(alias).buried().count() for alias in BOTH]
+    assert buried == [1, 1]
+    tube = Tube.objects.get(name="s-tube")
+    tubes = reverse("admin:django_taskloop_tube_changelist")
+    page = admin_client.post(tubes, {"action": "kick_all", "_selected_action": [tube.pk]}, follow=True)
+    assert "Kicked 2 task(s)." in page.content.decode()
+    assert [Task.objects.using(alias).buried().count() for alias in BOTH] == [0, 0]
+
+
 def test_a_parked_shards_throughput_waits_for_it_without_a_warning_a_second(settings, caplog):
     """A shard that is down is parked: the heartbeat's throughput flush leaves its counts for
     when it is back instead of warning every second that it could not write them."""

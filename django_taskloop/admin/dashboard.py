@@ -456,7 +456,7 @@ def pause_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
     elif kind == "job":
         model, target = JobBoard, _AllOf(shards.everywhere(JobBoard, queue))
     elif kind == "loop":
-        model = next((m for m in loop_models() if m._meta.label_lower == queue), None)
+        model = next((m for m in loop_models() if m._meta.label_lower == queue.lower()), None)
         # A loop's pause()/resume() are its manager's verbs.
         target = None if model is None else model._default_manager
     if model is None or not target or do not in ("pause", "resume"):

@@ -506,12 +506,14 @@ class TubeAdmin(TaskloopModelAdmin):
 
     @admin.action(description=_("Kick every buried task"), permissions=["change"])
     def kick_all(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        # "Retry everything that failed for good" on the chosen tubes.
+        # "Retry everything that failed for good" on the chosen tubes: on every shard of each,
+        # as pause and resume do (the row is the whole queue).
         kicked = 0
         for tube in queryset:
-            buried = Task.objects.using(queryset.db).filter(tube=tube).buried().count()
-            if buried:
-                kicked += tube.kick(buried)
+            for each in shards.whole(tube):
+                buried = Task.objects.using(each._state.db).filter(tube=each).buried().count()
+                if buried:
+                    kicked += each.kick(buried)
         self.message_user(request, f"Kicked {kicked} task(s).", messages.SUCCESS)
 
     def get_urls(self) -> list[URLPattern]:
