@@ -14,7 +14,9 @@ import importlib.util
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.test import override_settings
@@ -119,3 +121,59 @@ def test_the_docs_build_without_a_warning_and_show_each_setting_s_type_and_defau
     api_page = _text((out / "api.html").read_text())
     for name in ("TaskLoop", "JobBoard", "Tube", "Lockable", "TaskloopBackend", "run_queued", "report"):
         assert name in api_page, name
+
+
+#: A Python block of a page, however indented (a list item's), with the marker before it.
+ANY_BLOCK = re.compile(r"^( *)(?:<!-- docs-test: (\w+) -->\n\1)?```python\n(.*?)^\1```", re.S | re.M)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_python_example_of_the_operating_page_runs(tmp_path):
+    """docs/operating.md's examples, each run with what it names made first (a buried task, a
+    tube, a board, a loop model, a schedule): fragments that no longer fit the API fail here."""
+    import datetime as dt
+
+    from django.db.utils import ConnectionHandler
+    from django.utils.module_loading import import_string
+
+    from django_taskloop.models import Failure, JobBoard, Schedule, Tube
+    from tests.testapp.models import IntLoop
+
+    blocks = [
+        (mark, textwrap.dedent(code))
+        for _, mark, code in ANY_BLOCK.findall((DOCS / "operating.md").read_text())
+    ]
+    assert [mark for mark, _ in blocks] == ["failures", "pause", "schedules", "urls", "sqlite", "shards"], (
+        blocks
+    )
+    tube = Tube.objects.create_tube("emails", "fifottl")
+    task = tube.put({"to": "a@example.com"})
+    tube.bury(task.pk)
+    try:
+        raise ConnectionError("smtp down")
+    except ConnectionError as error:
+        Failure.objects.record(kind="task", queue="emails", item=task.pk, attempt=1, worker="w", error=error)
+    Schedule.objects.create(
+        name="daily-digest", kind="task", cron="0 7 * * *", target="m.f", next_run_at=dt.datetime.now(dt.UTC)
+    )
+    given = {
+        "failures": {"task": task},
+        "pause": {"tube": tube, "board": JobBoard.objects.create_board("builds"), "FeedLoop": IntLoop},
+        "sqlite": {"BASE_DIR": tmp_path},
+    }
+    ran: dict[str, dict[str, Any]] = {}
+    for mark, code in blocks:
+        if mark == "urls":
+            code = "from django.urls import include, path\n" + code
+        namespace: dict[str, Any] = dict(given.get(mark, {}))
+        exec(compile(code, f"docs/operating.md ({mark})", "exec"), namespace)
+        ran[mark] = namespace
+    assert list(Failure.objects.for_item(task)) and not tube.paused
+    assert not Schedule.objects.get(name="daily-digest").paused
+    # The SQLite settings open a database in WAL mode; the shards' name a backend that imports.
+    wal = ConnectionHandler(ran["sqlite"]["DATABASES"])["default"]
+    with wal.cursor() as cursor:
+        cursor.execute("PRAGMA journal_mode")
+        assert cursor.fetchone()[0] == "wal"
+    wal.close()
+    import_string(ran["shards"]["TASKS"]["default"]["BACKEND"])
