@@ -361,3 +361,22 @@ def test_a_burst_does_not_end_while_a_rivals_claim_holds_a_ready_task():
         holder.join()
     assert [item.data for item in ran] == [{"n": 1}]
     assert tube_.statistics()["tasks"]["ready"] == 0
+
+
+@pytest.mark.vendors("mysql", "postgresql")  # where claims keep a cursor (dead entries linger)
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_is_not_over_while_a_task_behind_its_claim_cursor_is_ready():
+    """A burst ends when a plain read finds nothing claimable. A rival held task 1 while this
+    worker claimed (SKIP LOCKED passed it; the cursor moved past it), then gave it back: the
+    read that ends the burst must look from the head, not from the cursor, or the burst ends
+    with task 1 ready and nobody to run it (seen in CI: a two-process burst left one task)."""
+    worker, driver = _worker_for(Handler("tube", "w-behind", print, "w-behind", create={"type": "fifottl"}))
+    worker._prepare()
+    tube = driver.tube
+    first, *_rest = [tube.put({"n": n}) for n in range(3)]
+    assert tube.take(consumer="rival").pk == first.pk
+    claimed = driver.claim(10)
+    assert sorted(task.pk for task in claimed) == sorted(task.pk for task in _rest)
+    tube.ack_many([task.pk for task in claimed], consumer=driver.identity)
+    tube.release(first.pk, consumer="rival")
+    assert not worker._burst_over([driver])

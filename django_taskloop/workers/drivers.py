@@ -485,10 +485,10 @@ def make_driver(handler: Handler, identity: str) -> Driver[Any]:
     return kinds[handler.kind](handler, identity)
 
 
-def tubes_worth_trying(drivers: Sequence[TubeDriver]) -> dict[int, str]:
+def tubes_worth_trying(drivers: Sequence[TubeDriver], *, from_head: bool = False) -> dict[int, str]:
     """:func:`~django_taskloop.models.tubes.worth_trying` for the tubes of ``drivers`` (of one
-    database), each looked at from where its driver's takes stand."""
+    database), each looked at from where its driver's takes stand (``from_head``: from the
+    head, as the read that ends a burst must)."""
+    cursors = None if from_head else {driver.tube.pk: driver.cursor for driver in drivers}
     with bounded(drivers[0].using):
-        return worth_trying(
-            [driver.tube for driver in drivers], {driver.tube.pk: driver.cursor for driver in drivers}
-        )
+        return worth_trying([driver.tube for driver in drivers], cursors)

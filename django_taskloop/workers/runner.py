@@ -248,9 +248,10 @@ class Worker:
     def _burst_over(self, tubes: list[TubeDriver]) -> bool:
         """Say whether a burst whose last round found nothing is over: its tubes have nothing
         claimable by a plain read. A claim skips the rows other transactions hold (a rival's
-        claim in flight may leave them ready), so an empty claim alone proves nothing."""
+        claim in flight may leave them ready), so an empty claim alone proves nothing; nor does a
+        look from the claim cursor (a task a rival held as we claimed past it may be back)."""
         try:
-            return len(self._not_worth_trying(tubes)) == len(tubes)
+            return len(self._not_worth_trying(tubes, from_head=True)) == len(tubes)
         except (DatabaseError, DatabaseBusy):
             return False
 
@@ -357,8 +358,9 @@ class Worker:
         finally:
             waiter.close()
 
-    def _not_worth_trying(self, tubes: list[TubeDriver]) -> set[Driver]:
-        """Return the tube drivers whose tube has nothing worth a take now (a read per database)."""
+    def _not_worth_trying(self, tubes: list[TubeDriver], from_head: bool = False) -> set[Driver]:
+        """Return the tube drivers whose tube has nothing worth a take now (a read per database;
+        ``from_head``: each tube read from its head, not from where the claims stand)."""
         skip: set[Driver] = set()
         for using in {driver.using for driver in tubes}:
             mine = [driver for driver in tubes if driver.using == using]
@@ -366,7 +368,7 @@ class Worker:
                 skip.update(mine)
                 continue
             try:
-                worth = tubes_worth_trying(mine)
+                worth = tubes_worth_trying(mine, from_head=from_head)
             except (DatabaseError, DatabaseBusy):
                 if self._park(mine[0]):
                     skip.update(mine)
