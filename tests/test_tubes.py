@@ -233,9 +233,12 @@ def test_bury_and_kick_order_and_counts(type):
     assert stats["tasks"]["taken"] == 4
 
 
-def test_a_kicked_task_starts_a_new_count_of_attempts():
+def test_a_kicked_task_starts_a_new_count_of_attempts_and_waits_from_the_kick(clock):
     """A worker buries a task after MAX_ATTEMPTS takes; an operator's kick (after a fix) gives
-    it MAX_ATTEMPTS more, counted from 1 (not "attempt 6 of 5", buried after one try)."""
+    it MAX_ATTEMPTS more, counted from 1 (not "attempt 6 of 5", buried after one try), and it
+    is queued again: the queue's latency counts from the kick, not from its first put."""
+    from django_taskloop.stats import tube_summary
+
     tube = make("fifottl")
     buried = []
     for name in ("a", "b"):
@@ -245,9 +248,11 @@ def test_a_kicked_task_starts_a_new_count_of_attempts():
         buried.append(tube.bury(task.pk))
     first, _second = buried
     assert sorted(Task.objects.values_list("attempts", flat=True)) == [3, 3]
+    clock.advance(1140)  # 19 minutes on
     assert tube.kick_task(first.pk).attempts == 0
     assert tube.kick() == 1
     assert sorted(Task.objects.values_list("attempts", flat=True)) == [0, 0]
+    assert tube_summary(tube).oldest_ready < 60  # not 19 minutes
     assert tube.take(consumer="w").attempts == 1
 
 

@@ -343,9 +343,10 @@ class Tube(TubeConsuming):
         return self._run(work)
 
     def kick(self, count: int = 1) -> int:
-        """Return up to ``count`` buried tasks to ready, best first; return how many. Each
-        starts a new count of attempts (a worker buries a task after ``MAX_ATTEMPTS`` takes:
-        a kicked one gets as many again)."""
+        """Return up to ``count`` buried tasks to ready, best first; return how many. Each is
+        queued again: a new count of attempts (a worker buries a task after ``MAX_ATTEMPTS``
+        takes: a kicked one gets as many again), and ``created`` is the kick's time, so that a
+        queue's latency counts from it (its failures keep its history)."""
         count = check_count(count, "count")
         if count == 0:
             self._ensure_exists()
@@ -359,7 +360,7 @@ class Tube(TubeConsuming):
                 limit=count,
                 claimable=Q(),
                 order_by=self._order(),
-                changes={"state": READY, "attempts": 0},
+                changes={"state": READY, "attempts": 0, "created": engine.DbNow()},
                 fetch=True,
                 direct=True,
             )
@@ -374,17 +375,17 @@ class Tube(TubeConsuming):
         return self._run(work)
 
     def kick_task(self, task_id: int) -> Task:
-        """Return the chosen buried task to ready, with a new count of attempts (as
-        :meth:`kick`), and return it (``TubeError`` if not buried)."""
+        """Return the chosen buried task to ready, queued again (as :meth:`kick`: a new count of
+        attempts, ``created`` the kick's time), and return it (``TubeError`` if not buried)."""
         task_id = _check_task_id(task_id)
 
         def work() -> Task:
             task = self._existing(task_id, lock=True)
             if task.state != BURIED:
                 raise TubeError(f"task {task_id} of tube {self.name!r} is not buried (state {task.state!r})")
-            self._tasks().filter(pk=task.pk).update(state=READY, attempts=0)
+            self._tasks().filter(pk=task.pk).update(state=READY, attempts=0, created=engine.DbNow())
             self._count(kick=1)
-            task.state, task.attempts = READY, 0
+            task.refresh_from_db(fields=["state", "attempts", "created"])
             self._emit(task, "kick")
             self._wake()
             return task
