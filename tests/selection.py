@@ -188,19 +188,14 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     # A test that needs a driver this virtualenv lacks (the README's command installs no
     # MySQL client): left out and said, not skipped; CI (strict) installs it, and runs it.
     if os.environ.get("TASKLOOP_STRICT_SKIPS") != "1":
-        for name, extra in sorted({m.args for item in items for m in item.iter_markers("needs_module")}):
-            if importlib.util.find_spec(name) is None:
-                leave = [
-                    item
-                    for item in items
-                    if (name, extra) in {m.args for m in item.iter_markers("needs_module")}
-                ]
-                deselect(
-                    config,
-                    items,
-                    leave,
-                    f"{{}} test(s) not run: missing {name} (pip install -e '.[{extra}]')",
-                )
+        missing = [
+            item
+            for item in items
+            if any(importlib.util.find_spec(m.args[0]) is None for m in item.iter_markers("needs_module"))
+        ]
+        needed = sorted({m.args for item in missing for m in item.iter_markers("needs_module")})
+        said = ", ".join(f"{name} (pip install -e '.[{extra}]')" for name, extra in needed)
+        deselect(config, items, missing, f"{{}} test(s) not run: missing {said}")
     for variable, value, marker, said in _LEFT_TO_OTHER_LEGS:
         if os.environ.get(variable) == value:
             leave = [item for item in items if item.get_closest_marker(marker)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from django.test import override_settings
 
 from django_taskloop.checks import check_rangefilter, check_settings
 from django_taskloop.conf import DEFAULTS, setting
-from tests.workers_util import ROOT, child_env
+from tests.workers_util import child_env, manage
 
 pytestmark = pytest.mark.django_db
 
@@ -89,14 +88,7 @@ def _manage(tmp_path: Path, extra: str, *args: str) -> subprocess.CompletedProce
     (tmp_path / "bad_settings.py").write_text(f"from tests.settings import *  # noqa\n{extra}\n")
     env = child_env(DJANGO_SETTINGS_MODULE="bad_settings")
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
-    return subprocess.run(
-        [sys.executable, "-m", "django", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return manage(*args, env=env)
 
 
 @pytest.mark.slow

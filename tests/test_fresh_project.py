@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import django
+
+from .workers_util import manage
 
 FRAMEWORK = "django.tasks" if django.VERSION >= (6,) else "django_tasks"
 
@@ -52,14 +53,7 @@ def _project(tmp_path: Path, settings: str, tasks_py: str = TASKS_PY) -> Path:
 def _manage(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "settings", "PYTHONPATH": str(project)}
     env.pop("DATABASE_URL", None)
-    return subprocess.run(
-        [sys.executable, "-m", "django", *args],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return manage(*args, env=env, cwd=project)
 
 
 def test_forgetting_tasks_is_a_warning_and_workers_with_nothing_to_serve_fail(tmp_path):

@@ -28,7 +28,7 @@ from django_taskloop.models import ConsumedJob, Failure, Job, JobBoard, Task, Ta
 from django_taskloop.testing import run_queued
 from tests.testapp.models import IntLoop
 
-from .workers_util import ROOT, child_env, explode, run_workers, taskloop
+from .workers_util import ROOT, child_env, explode, manage, run_workers, taskloop
 
 try:
     from django.tasks import TaskResultStatus
@@ -204,15 +204,10 @@ def test_djangos_own_options_go_after_the_action_too():
     ``-v``) last; every management command takes them there. ``--settings`` after the action is
     the one used (the environment's names a module that does not exist)."""
     Tube.objects.create_tube("t-known", "fifo")
-    connections.close_all()
-    run = subprocess.run(
-        [sys.executable, "-m", "django", "taskloop", "status", "t-known", "--settings", "tests.settings"]
-        + ["--no-color", "--pythonpath", str(ROOT), "-v", "2", "--skip-checks"],
+    run = manage(
+        *("taskloop", "status", "t-known", "--settings", "tests.settings", "--no-color"),
+        *("--pythonpath", str(ROOT), "-v", "2", "--skip-checks"),
         env=child_env(DJANGO_SETTINGS_MODULE="tests.no_such_settings"),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
     assert run.returncode == 0 and row(run.stdout, "t-known")[1] == "0", run.stderr
     # --traceback after the action: Django's (a refusal shows its traceback)...

@@ -65,17 +65,24 @@ def run_workers(*args: str, timeout: float = 120, **env: str) -> subprocess.Comp
     )
 
 
-def taskloop(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``manage.py taskloop ARGS`` on the test database; return what it did."""
+def manage(
+    *args: str, env: dict[str, str], cwd: Any = ROOT, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m django ARGS`` (``manage.py``) with ``env`` in ``cwd``; return what it did."""
     connections.close_all()
     return subprocess.run(
-        [sys.executable, "-m", "django", "taskloop", *args],
-        env=child_env(),
-        cwd=ROOT,
+        [sys.executable, "-m", "django", *args],
+        env=env,
+        cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
+
+
+def taskloop(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``manage.py taskloop ARGS`` on the test database; return what it did."""
+    return manage("taskloop", *args, env=child_env())
 
 
 def stop_hard(worker: subprocess.Popen[str], timeout: float = 30) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import Count, Max, QuerySet
 
 from django_taskloop import engine, shards
 from django_taskloop.backends import taskloop_backends
@@ -279,11 +279,10 @@ def prune(older_than: float, what: list[str], dry_run: bool) -> list[str]:
 def alive(host: str) -> tuple[bool, str]:
     """Whether a worker process on ``host`` beat within ``WORKER_TIMEOUT`` (what the workers
     page calls live), and one line saying so: a process manager's or Kubernetes' check."""
-    live = WorkerProcess.objects.alive().filter(host=host)
-    newest = live.order_by("-beat_at").values_list("beat_at", flat=True).first()
-    if newest is None:
+    live = WorkerProcess.objects.alive().filter(host=host).aggregate(n=Count("pk"), newest=Max("beat_at"))
+    if not live["n"]:
         within = duration(float(setting("WORKER_TIMEOUT")))
         return False, f"no live worker process on host {host} (none beat in the last {within})"
-    age = (engine.db_now() - newest).total_seconds()
-    found = plural(live.count(), "live worker process", "live worker processes")
+    age = (engine.db_now() - live["newest"]).total_seconds()
+    found = plural(live["n"], "live worker process", "live worker processes")
     return True, f"{found} on host {host}, the newest beat {duration(age)} ago"

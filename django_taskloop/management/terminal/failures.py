@@ -14,12 +14,10 @@ from django_taskloop.models import Failure
 from django_taskloop.stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, shown_queue
 
 from .queues import TASKS_SUFFIX, Queue
-from .text import ago, clip, table
+from .text import WIDTH, ago, clip, table
 
 __all__ = ["failures", "failures_lines", "failures_json"]
 
-#: Width of the table on a 100-column terminal; the message takes what the others leave.
-WIDTH = 100
 #: The narrowest message column worth having; below it the message gets a line of its own.
 MIN_MESSAGE = 30
 

@@ -35,7 +35,7 @@ from django_taskloop.workers.outage import describe
 from django_taskloop.workers.stopping import StopEvent
 
 from .queues import Queue
-from .text import clip, duration, plural, table
+from .text import WIDTH, clip, duration, plural, table
 
 __all__ = ["status_lines", "status_json", "summaries", "watch"]
 
@@ -48,8 +48,6 @@ SECTIONS = (
 )
 
 
-#: The terminal's width the tables fit in (docs/operating.md): the queue names permitting.
-WIDTH = 100
 #: Each state of each queue is counted up to this many rows (shown ``100000+``), so that a
 #: watched status stays cheap on tables of millions; ``--exact`` counts them all.
 COUNT_CAP = 100_000

@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["BadInput", "ago", "clip", "duration", "parse_duration", "plural", "table"]
+__all__ = ["WIDTH", "BadInput", "ago", "clip", "duration", "parse_duration", "plural", "table"]
 
+#: The terminal's width every table fits in (docs/operating.md), the queue names permitting.
+WIDTH = 100
 #: Seconds per unit of a duration given on the command line (``90``, ``90s``, ``5m``, ``2h``, ``7d``, ``2w``).
 _UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w|)\s*$")

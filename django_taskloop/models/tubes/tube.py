@@ -385,7 +385,8 @@ class Tube(TubeConsuming):
                 raise TubeError(f"task {task_id} of tube {self.name!r} is not buried (state {task.state!r})")
             self._tasks().filter(pk=task.pk).update(state=READY, attempts=0, created=engine.DbNow())
             self._count(kick=1)
-            task.refresh_from_db(fields=["state", "attempts", "created"])
+            task.state, task.attempts = READY, 0
+            task.refresh_from_db(fields=["created"])  # (the database's clock set it)
             self._emit(task, "kick")
             self._wake()
             return task
