@@ -198,6 +198,7 @@ def test_filtered_claim_rechecks_the_filter_under_the_lock(round_):
     connections.close_all()
 
 
+@pytest.mark.django_db(transaction=True)  # so that MariaDB plans on fresh statistics (tests/explain.py)
 def test_claim_candidates_read_an_index_in_order():
     from django.db.models import Q
 
