@@ -49,6 +49,7 @@ from .exceptions import NotFound
 from .models import Task as TubeTask
 from .models import TaskRecord, TaskRecordStatus, Tube
 from .models.tubes import DELAYED, READY
+from .runtime import FailedForGood, StopNow, backoff, run_interruptibly
 from .task_calls import (
     KEYED_TUBE_PREFIX,
     TUBE_PREFIX,
@@ -66,7 +67,6 @@ from .task_calls import (
 from .task_options import TaskloopTask, check_ttr, function_path, task_key
 from .validation import check_handler, check_name, check_seconds
 from .workers import Handler
-from .workers.runtime import FailedForGood, StopNow, backoff, run_interruptibly
 
 __all__ = [
     "TaskloopBackend",

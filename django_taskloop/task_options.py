@@ -23,8 +23,8 @@ from django.utils.module_loading import import_string
 
 from .compat import TASKS_AVAILABLE, Task, framework_task
 from .conf import setting
+from .runtime import backoff
 from .validation import check_seconds
-from .workers.runtime import backoff
 
 __all__ = ["TaskloopTask", "OPTION_NAMES", "task", "task_key", "check_options", "check_ttr"]
 

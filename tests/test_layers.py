@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / PACKAGE_NAME
 #: ``take`` listens to) sits beside the engine, not above the models: ``Tube.wait_take`` uses
 #: it, and it imports nothing but ``conf`` and ``engine``.
 FLOORS: list[tuple[int, tuple[str, ...]]] = [
-    (0, ("conf", "validation", "exceptions", "signals", "cron", "compat", "workers.runtime", "task_options")),
+    (0, ("conf", "validation", "exceptions", "signals", "cron", "compat", "runtime", "task_options")),
     # What handlers call to report progress (django_taskloop.progress): imports nothing of ours.
     (0, ("progress",)),
     (1, ("engine", "wakeup")),
@@ -193,10 +193,10 @@ def test_no_import_runs_up_a_floor() -> None:
 
 
 def test_the_worker_runtime_cron_and_registry_import_no_plug_in() -> None:
-    """``workers.runtime`` reads settings and nothing else of the package; the worker registry
+    """``runtime`` reads settings and nothing else of the package; the worker registry
     imports neither the Tasks backend nor the scheduler (``apps.ready()`` registers them)."""
     edges = graph()
-    assert edges["workers.runtime"] <= {"conf"}, edges["workers.runtime"]
+    assert edges["runtime"] <= {"conf"}, edges["runtime"]
     assert not edges["workers"] & {"backends", "schedules"}, edges["workers"]
     assert edges["cron"] <= {"conf", "validation"}, edges["cron"]
     assert edges["compat"] == set(), edges["compat"]
@@ -207,11 +207,6 @@ def test_the_worker_runtime_cron_and_registry_import_no_plug_in() -> None:
 LAZY_IMPORTS = {
     ("", "models"): "the package's __getattr__: importing django_taskloop must not load the "
     "models before the app registry is ready",
-    ("workers", "models"): "loop()'s model check: workers.runtime (imported by task_options, "
-    "at import of any tasks module) runs this package's __init__, which must not need the "
-    "app registry",
-    ("workers", "shards"): "a @tube handler's put and the worker's shards: shards imports the "
-    "models, which this package's __init__ must not need (as above)",
     ("apps", "checks"): "AppConfig.ready(): apps.py is imported before the models are",
     ("apps", "backends"): "AppConfig.ready(): apps.py is imported before the models are",
     ("apps", "schedules"): "AppConfig.ready(): apps.py is imported before the models are",

@@ -41,11 +41,14 @@ from django.utils.module_loading import autodiscover_modules
 from ..compat import explain_refused_options
 from ..cron import periodic
 from ..exceptions import NotFound
+from ..models import TaskLoop, Tube
+from ..runtime import FailedForGood, StopNow, run_interruptibly
+from ..runtime import backoff as backoff  # re-exported: drivers and the runner import them here
+from ..runtime import event_loop as event_loop
+from ..runtime import inside_user_code as inside_user_code
+from ..shards import ShardedTube, databases_of, is_sharded
+from ..shards import open_tube as opened
 from ..validation import check_count, check_handler, check_name, check_seconds
-from .runtime import FailedForGood, StopNow, run_interruptibly
-from .runtime import backoff as backoff  # re-exported: drivers and the runner import them here
-from .runtime import event_loop as event_loop
-from .runtime import inside_user_code as inside_user_code
 
 logger = logging.getLogger("django_taskloop.workers")
 
@@ -133,8 +136,6 @@ class Handler:
                 f"put() is for @tube handlers; {self.kind} {self.name!r} is not one "
                 "(a board's jobs are posted with JobBoard.post, a loop's ids added with add)"
             )
-        from ..models import Tube
-        from ..shards import ShardedTube, databases_of, is_sharded
 
         if self.database is None and is_sharded(self.target):
             sharded = self._tubes.get("*")
@@ -227,16 +228,12 @@ def registered_options(name: str) -> dict[str, Any] | None:
 def open_tube(name: str, options: dict[str, Any], using: str | None = None) -> Any:
     """Return tube ``name``, made with ``options`` if it does not exist (see
     :func:`django_taskloop.shards.open_tube`)."""
-    from ..shards import open_tube as opened
-
     return opened(name, options, using)
 
 
 def shard_handlers(handlers: Iterable[Handler]) -> list[Handler]:
     """Return ``handlers`` with each tube handler of a tube that ``SHARDS`` names (or whose
     :attr:`Handler.shards` lists databases) made one handler per shard (:attr:`Handler.database`)."""
-    from ..shards import databases_of, is_sharded
-
     out: list[Handler] = []
     for handler in handlers:
         databases = handler.shards or (databases_of(handler.target) if is_sharded(handler.target) else ())
@@ -266,9 +263,6 @@ def loop(
     handler's measured time, see :class:`Handler`) and locked for ``lock_for`` seconds (renewed
     while the handler runs); each id the handler returns from is marked done.
     """
-    # Lazy: importing workers.runtime (as task_options does, at import of a tasks module)
-    # runs this package's __init__, which must not need the app registry.
-    from ..models import TaskLoop
 
     if not (isinstance(model, type) and issubclass(model, TaskLoop) and not model._meta.abstract):
         raise TypeError(f"model must be a concrete TaskLoop subclass, not {model!r}")

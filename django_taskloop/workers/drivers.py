@@ -23,9 +23,9 @@ from ..engine.deadline import bounded
 from ..models import Consumer, JobBoard, TaskRecord, Tube
 from ..models.operating import is_paused
 from ..models.tubes import ClaimCursor, worth_trying
+from ..runtime import backoff, run_interruptibly
 from ..shards import open_tube
 from . import Handler
-from .runtime import backoff, run_interruptibly
 
 logger = logging.getLogger("django_taskloop.workers")
 

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
 
-from ..conf import setting
+from .conf import setting
 
 __all__ = [
     "StopNow",
