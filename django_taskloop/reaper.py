@@ -12,8 +12,6 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from django.db import router
-
 from . import engine, shards
 from .conf import setting, tasks_backend_aliases
 from .exceptions import NotFound
@@ -34,11 +32,8 @@ __all__ = ["reap", "format_report", "loop_models"]
 
 
 def _aliases(model: Any, using: str | None) -> Iterable[str]:
-    if using:
-        return [using]
-    if model in (Tube, TaskRecord):  # and every shard of a tube or a Django Tasks queue
-        return list(dict.fromkeys([router.db_for_write(model), *shards.tube_databases()]))
-    return [router.db_for_write(model)]
+    # Every shard of a tube, a board or a Django Tasks queue (shards.databases).
+    return [using] if using else shards.databases(model)
 
 
 def reap(
@@ -80,7 +75,8 @@ def _loop(report: dict[str, dict[str, dict[str, int]]], model: Any, alias: str) 
 def _boards(report: dict[str, dict[str, dict[str, int]]], alias: str) -> None:
     jobs = Job.objects.db_manager(alias)
     for board in JobBoard.objects.db_manager(alias).order_by("name"):
-        report["boards"][board.name] = {"expired_claims": jobs.filter(board=board).reap_expired()}
+        expired = jobs.filter(board=board).reap_expired()
+        report["boards"][shards.shown(board.name, alias)] = {"expired_claims": expired}
     pruned = jobs.all().prune_history()
     if pruned or report["boards"]:
         report["boards"].setdefault("(history)", {})["pruned"] = pruned
@@ -104,8 +100,9 @@ def _operating(report: dict[str, dict[str, dict[str, int]]], alias: str) -> None
         "throughput_minutes_folded": prune_throughput(alias),
         "gone_workers_forgotten": WorkerProcess.objects.db_manager(alias).prune(),
     }
-    if any(operating.values()):
-        report["results"]["operating"] = operating
+    if any(operating.values()):  # added up over the databases
+        earlier = report["results"].get("operating", {})
+        report["results"]["operating"] = {key: earlier.get(key, 0) + n for key, n in operating.items()}
 
 
 def _results(report: dict[str, dict[str, dict[str, int]]], alias: str) -> None:

@@ -45,7 +45,7 @@ from .conf import setting, tasks_backend_aliases
 from .engine.deadline import DeadlinePassed, bounded
 from .engine.reach import unreachable
 from .exceptions import NotFound, TubeError
-from .models import JobBoard, Tube
+from .models import Failure, JobBoard, TaskRecord, Tube
 from .models.operating import TASKS_TUBE_PREFIXES
 from .task_options import TaskloopTask, task_key
 from .validation import check_aliases
@@ -55,6 +55,8 @@ __all__ = [
     "ShardedBoard",
     "ShardedTube",
     "board",
+    "board_databases",
+    "databases",
     "databases_of",
     "everywhere",
     "homes",
@@ -67,7 +69,6 @@ __all__ = [
     "tube",
     "tube_databases",
     "use_registrations",
-    "whole",
 ]
 
 #: The workers' logger: open_tube's warning is about what a ``@tube`` handler asked for.
@@ -111,6 +112,28 @@ def tube_databases() -> list[str]:
     return [alias for alias in dict.fromkeys(found) if alias in connections.settings]
 
 
+def board_databases() -> list[str]:
+    """Every database that may hold boards: the router's first, then each alias ``SHARDS``
+    names (the read model, the metrics and ``reap_locks`` look at each)."""
+    found = [router.db_for_read(JobBoard)]
+    for aliases in setting("SHARDS").values():
+        found.extend(aliases)
+    return [alias for alias in dict.fromkeys(found) if alias in connections.settings]
+
+
+def databases(model: Any) -> list[str]:
+    """Every database that may hold rows of ``model``: a tube's (and a Django Task result's)
+    :func:`tube_databases`, a board's (and a job's) :func:`board_databases`, a failure's any of
+    them, else the router's."""
+    if model in (Tube, TaskRecord):
+        return list(dict.fromkeys([router.db_for_write(model), *tube_databases()]))
+    if model is JobBoard:
+        return list(dict.fromkeys([router.db_for_write(model), *board_databases()]))
+    if model is Failure:  # a shard's workers record its failures and throughput on it
+        return list(dict.fromkeys([router.db_for_write(model), *tube_databases(), *board_databases()]))
+    return [router.db_for_write(model)]
+
+
 def shown(name: str, using: str) -> str:
     """Name tube ``name`` of database ``using`` for people: ``emails``, or ``emails@queue2`` on a
     database other than the router's."""
@@ -141,12 +164,6 @@ def everywhere(model: Any, name: str) -> list[Any]:
         for alias in homes(model, name)
         if (found := model.objects.using(alias).filter(name=name).first()) is not None
     ]
-
-
-def whole(queue: Any) -> list[Any]:
-    """Return tube or board ``queue`` (one database's) with its namesakes on the queue's other
-    shards: what pausing or resuming it acts on."""
-    return everywhere(type(queue), queue.name) or [queue]
 
 
 def is_sharded(name: str) -> bool:

@@ -20,7 +20,6 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from . import engine, shards
-from .conf import setting
 from .models import (
     KINDS,
     Failure,
@@ -432,7 +431,7 @@ def queue_summaries(
         elif kind == "job":
             # Likewise a board that SHARDS spreads: one summary per shard.
             summaries += _with_down(
-                shards.read_each(_board_databases(), reader.boards, reader.down), reader.down, "job"
+                shards.read_each(shards.board_databases(), reader.boards, reader.down), reader.down, "job"
             )
         else:
             summaries += [reader.loop(model) for model in (loop_models() if loops is None else loops)]
@@ -492,7 +491,7 @@ def _with_down(read: dict[str, list[QueueSummary]], down: dict[str, str], kind: 
     shards the operator's verbs reach: :func:`~django_taskloop.shards.homes`)."""
     model = Tube if kind == "task" else JobBoard
     sources = {summary.name: summary.source for summaries in read.values() for summary in summaries}
-    places = shards.tube_databases() if kind == "task" else _board_databases()
+    places = shards.tube_databases() if kind == "task" else shards.board_databases()
     rows: list[QueueSummary] = []
     for using in places:
         if using in read:
@@ -537,15 +536,7 @@ def queue_databases() -> list[str]:
     """Every database the read model reads queues from: the tubes', the boards' (with each
     alias ``SHARDS`` names), the loop models'."""
     loops = [model._default_manager.db for model in loop_models()]
-    return list(dict.fromkeys([*shards.tube_databases(), *_board_databases(), *loops]))
-
-
-def _board_databases() -> list[str]:
-    """The router's database for boards, then each alias ``SHARDS`` names."""
-    found = [router.db_for_read(JobBoard)]
-    for aliases in setting("SHARDS").values():
-        found.extend(aliases)
-    return list(dict.fromkeys(found))
+    return list(dict.fromkeys([*shards.tube_databases(), *shards.board_databases(), *loops]))
 
 
 def merge_django_tasks(summaries: Iterable[QueueSummary]) -> list[QueueSummary]:

@@ -57,7 +57,7 @@ def test_changelist_shows_state_owner_priority_and_claim_deadline(boss, board):
     for state, n in (("unclaimed", 2), ("claimed", 1), ("expired", 1), ("trashed", 1)):
         assert page.count(f'class="tl-state tl-{state}"') == n, state
     assert "w1" in page and "HIGH" in page and "VERY_LOW" in page
-    assert 'class="tl-future">in 9m' in page or 'class="tl-future">in 10m' in page
+    assert 'class="tl-future">in 9 min' in page or 'class="tl-future">in 10 min' in page
     assert "?state=trashed" in page  # the link to the trash
     assert 'class="column-attempts' in page  # how often each job was claimed
 

@@ -36,7 +36,7 @@ def test_changelist_shows_lock_state_owner_and_deadline(boss):
     assert page.count('class="tl-state tl-free"') == 3
     assert page.count('class="tl-state tl-expired"') == 1
     assert "ed" in page and "bob" in page
-    assert 'class="tl-future">in 9m' in page or 'class="tl-future">in 10m' in page
+    assert 'class="tl-future">in 9 min' in page or 'class="tl-future">in 10 min' in page
     assert "django_taskloop/admin.css" in page
 
 

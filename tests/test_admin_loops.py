@@ -76,7 +76,7 @@ def test_changelist_shows_states_and_deadlines(boss):
     assert shown_ids(page) == set(range(1, 11))
     for state, n in (("new", 3), ("idle", 3), ("locked", 2), ("bumped", 2)):
         assert page.count(f'class="tl-state tl-{state}"') == n, state
-    assert page.count('class="tl-future">in 9m') + page.count('class="tl-future">in 10m') == 2
+    assert page.count('class="tl-future">in 9 min') + page.count('class="tl-future">in 10 min') == 2
     assert page.count('class="tl-past">') == 2
     assert reverse(STATS) in page
     # Newest ids first: the primary key index, read backwards.

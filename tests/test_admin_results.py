@@ -53,7 +53,7 @@ def test_the_list_shows_status_and_attempts_and_filters_by_status_queue_and_task
     for result in finished:
         assert result.id[:8] in page
     assert "Successful" in page and "Failed" in page and "Ready" in page
-    assert "Finished results are kept 7d" in page  # RESULT_RETENTION, pruned by reap_locks
+    assert "Finished results are kept 7 d" in page  # RESULT_RETENTION, pruned by reap_locks
     only_failed = boss.get(reverse(LIST), {"status__exact": "FAILED"}).content.decode()
     assert failed.id[:8] in only_failed and ok.id[:8] not in only_failed
     slow = boss.get(reverse(LIST), {"queue": "slow"}).content.decode()
@@ -163,5 +163,5 @@ def test_the_results_page_title_is_a_title_and_its_times_read_to_the_second(boss
     page = boss.get(reverse(LIST)).content.decode()
     title = page.split("<title>", 1)[1].split("</title>", 1)[0]
     assert "kept" not in title and "Django task result" in title
-    assert 'class="help tl-retention">Finished results are kept 7d' in page
+    assert 'class="help tl-retention">Finished results are kept 7 d' in page
     assert page.count('<time class="tl-when"') >= 3

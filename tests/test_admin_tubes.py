@@ -56,8 +56,8 @@ def test_changelist_shows_state_owner_deadlines_and_data(boss, tube):
     for state, n in (("ready", 2), ("taken", 1), ("delayed", 1), ("buried", 1)):
         assert page.count(f'class="tl-state tl-{state}"') == n, state
     assert "w1" in page
-    assert page.count('class="tl-future">in 9m') + page.count('class="tl-future">in 10m') == 1  # ttr
-    assert page.count('class="tl-future">in 4m') + page.count('class="tl-future">in 5m') == 1  # delay
+    assert page.count('class="tl-future">in 9 min') + page.count('class="tl-future">in 10 min') == 1  # ttr
+    assert page.count('class="tl-future">in 4 min') + page.count('class="tl-future">in 5 min') == 1  # delay
     # How often each task was taken (the worker buries after MAX_ATTEMPTS).
     assert '<td class="field-attempts">1</td>' in page and '<td class="field-attempts">0</td>' in page
 

@@ -25,7 +25,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / PACKAGE_NAME
 #: ``take`` listens to) sits beside the engine, not above the models: ``Tube.wait_take`` uses
 #: it, and it imports nothing but ``conf`` and ``engine``.
 FLOORS: list[tuple[int, tuple[str, ...]]] = [
-    (0, ("conf", "validation", "exceptions", "signals", "cron", "compat", "runtime", "task_options")),
+    (
+        0,
+        ("conf", "validation", "exceptions", "signals", "cron", "compat", "runtime", "task_options", "human"),
+    ),
     # What handlers call to report progress (django_taskloop.progress): imports nothing of ours.
     (0, ("progress",)),
     (1, ("engine", "wakeup")),
@@ -34,6 +37,8 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
     # Django Tasks calls waiting in tubes, read as results: the backend, the admin and the worker.
     (3, ("task_calls",)),
     (4, ("workers", "backends", "schedules")),
+    # A queue as an operator names it, and the operator's verbs (retry reaches the Tasks backend).
+    (4, ("queues",)),
     (5, ("admin", "metrics", "management", "checks", "templatetags", "urls", "apps", "views")),
     # The test helpers (django_taskloop.testing, its pytest plugin): edges, on the Tasks backend.
     (5, ("testing", "pytest_plugin")),

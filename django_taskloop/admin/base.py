@@ -19,6 +19,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..engine import db_now
 from ..exceptions import TaskloopError
+from ..human import duration
 from .display import ago_text, when_cell, when_text
 from .paginator import EstimatedCountPaginator
 
@@ -49,24 +50,8 @@ def seconds_between(later: dt.datetime | None, earlier: dt.datetime | None) -> f
     return (later - earlier).total_seconds()
 
 
-def humanize_seconds(seconds: float | None) -> str:
-    """Return a short duration such as ``2d 3h``, ``4m 05s`` or ``0.3s`` (absolute value)."""
-    if seconds is None:
-        return "—"
-    seconds = abs(seconds)
-    if seconds < 10:
-        return f"{seconds:.1f}s"
-    whole = int(seconds)
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
+#: The admin says a duration as the terminal does (``2 min``, ``3 h 05 min``): one spelling.
+humanize_seconds = duration
 
 
 class TaskloopModelAdmin(admin.ModelAdmin):

@@ -17,9 +17,10 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder
 
-from .. import engine, shards
+from .. import engine
 from ..exceptions import JobFailure
 from ..models.boards import BoardEntity, ConsumedJob, Job, JobBoard, JobPriority, JobQuerySet
+from ..queues import Queue
 from ..stats import JOB_STATES, board_priorities, board_summary
 from .base import (
     Retry,
@@ -418,7 +419,7 @@ class JobBoardAdmin(TaskloopModelAdmin):
         self.run_each(
             request,
             queryset,
-            lambda b: [each.pause() for each in shards.whole(b)],
+            lambda b: Queue.of(b).pause(),
             lambda b: f"board {b.name}",
             "Paused %(n)d board(s).",
         )
@@ -428,7 +429,7 @@ class JobBoardAdmin(TaskloopModelAdmin):
         self.run_each(
             request,
             queryset,
-            lambda b: [each.resume() for each in shards.whole(b)],
+            lambda b: Queue.of(b).resume(),
             lambda b: f"board {b.name}",
             "Resumed %(n)d board(s).",
         )

@@ -27,10 +27,10 @@ from ..models.boards import Job, JobBoard
 from ..models.operating import Failure, WorkerProcess, throughput_series
 from ..models.results import TaskRecord
 from ..models.tubes import Task, Tube
+from ..queues import Queue
 from ..stats import (
     DJANGO_TASK,
     LOCK_BUCKETS,
-    TASKS_TUBE_PREFIXES,
     QueueSummary,
     lock_ages,
     merge_django_tasks,
@@ -418,54 +418,24 @@ def _can_change(request: HttpRequest, site: admin.AdminSite, model: Any) -> bool
     return model_admin is not None and model_admin.has_change_permission(request)
 
 
-class _AllOf:
-    """Queues paused and resumed together: a Django Tasks queue's tubes, a tube's or a board's
-    shards (false if there is none)."""
-
-    def __init__(self, queues: list[Any]) -> None:
-        self.queues = queues
-
-    def __bool__(self) -> bool:
-        return bool(self.queues)
-
-    def pause(self) -> None:
-        for queue in self.queues:
-            queue.pause()
-
-    def resume(self) -> None:
-        for queue in self.queues:
-            queue.resume()
-
-
 @require_POST
 def pause_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
     """Pause or resume one queue (POST ``kind``, ``queue``, ``do``=pause|resume) for a user who
-    may change that kind of queue; back to the dashboard."""
-    kind, queue, do = request.POST.get("kind"), request.POST.get("queue", ""), request.POST.get("do")
-    model: Any = None
-    target: Any = None
-    # A tube or a board on every shard that holds it (one database unless SHARDS names it).
-    if kind == "task":
-        model, target = Tube, _AllOf(shards.everywhere(Tube, queue))
-    elif kind == DJANGO_TASK:
-        # A Django Tasks queue: both its tubes (its tasks and its keyed tasks).
-        model = Tube
-        target = _AllOf(
-            [t for prefix in TASKS_TUBE_PREFIXES for t in shards.everywhere(Tube, prefix + queue)]
-        )
-    elif kind == "job":
-        model, target = JobBoard, _AllOf(shards.everywhere(JobBoard, queue))
-    elif kind == "loop":
-        model = next((m for m in loop_models() if m._meta.label_lower == queue.lower()), None)
-        # A loop's pause()/resume() are its manager's verbs.
-        target = None if model is None else model._default_manager
-    if model is None or not target or do not in ("pause", "resume"):
+    may change that kind of queue, on every shard of it (:class:`~django_taskloop.queues.Queue`,
+    as the terminal and the admin's actions do); back to the dashboard."""
+    kind, name, do = request.POST.get("kind", ""), request.POST.get("queue", ""), request.POST.get("do")
+    queue = Queue.named(kind, name)
+    if queue is None or do not in ("pause", "resume"):
         raise PermissionDenied("unknown queue or verb")
+    model = queue.model or (JobBoard if kind == "job" else Tube)
     if not _can_change(request, site, model):
         raise PermissionDenied
-    getattr(target, do)()
+    if do == "pause":
+        queue.pause()
+    else:
+        queue.resume()
     what = "Django Tasks" if kind == DJANGO_TASK else kind
-    messages.success(request, f"{'Paused' if do == 'pause' else 'Resumed'} {what} queue {queue}.")
+    messages.success(request, f"{'Paused' if do == 'pause' else 'Resumed'} {what} queue {queue.name}.")
     return HttpResponseRedirect(dashboard_url(site) or reverse("admin:index", current_app=site.name))
 
 

@@ -8,19 +8,17 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
+from ..human import duration
+
 __all__ = ["ago_text", "when_cell", "when_text"]
 
 
 def ago_text(seconds: float) -> str:
-    """Say how long ago ``seconds`` (negative: ahead) is: ``just now``, ``2 min ago``, ``in 3 h``."""
-    whole = abs(seconds)
-    if whole < 5:
+    """Say how long ago ``seconds`` (negative: ahead) is: ``just now``, ``2 min ago``, ``in 3 h``
+    (the duration as the terminal says it: :func:`django_taskloop.human.duration`)."""
+    if abs(seconds) < 5:
         return str(_("just now"))
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
-        if whole >= size:
-            amount = f"{int(whole // size)} {unit}"
-            break
-    return str(_("in %(time)s") if seconds < 0 else _("%(time)s ago")) % {"time": amount}
+    return str(_("in %(time)s") if seconds < 0 else _("%(time)s ago")) % {"time": duration(seconds)}
 
 
 def when_text(moment: dt.datetime) -> str:

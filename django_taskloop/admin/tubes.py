@@ -24,7 +24,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilterBuilder, NumericRangeFilterBuilder
 
-from .. import engine, shards
+from .. import engine
 from ..backends import result_id_of, short_result_id
 from ..models import TaskRecord
 from ..models.tubes import (
@@ -40,6 +40,7 @@ from ..models.tubes import (
     TubeStat,
     calls_from,
 )
+from ..queues import Queue
 from ..stats import TASKS_TUBE_PREFIXES, django_tasks_queue, tube_summary
 from .base import (
     Retry,
@@ -455,7 +456,7 @@ class TubeAdmin(TaskloopModelAdmin):
         self.run_each(
             request,
             queryset,
-            lambda tube: [each.pause() for each in shards.whole(tube)],
+            lambda tube: Queue.of(tube).pause(),
             lambda t: f"tube {t.name}",
             "Paused %(n)d tube(s).",
         )
@@ -465,7 +466,7 @@ class TubeAdmin(TaskloopModelAdmin):
         self.run_each(
             request,
             queryset,
-            lambda tube: [each.resume() for each in shards.whole(tube)],
+            lambda tube: Queue.of(tube).resume(),
             lambda t: f"tube {t.name}",
             "Resumed %(n)d tube(s).",
         )
@@ -508,12 +509,7 @@ class TubeAdmin(TaskloopModelAdmin):
     def kick_all(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         # "Retry everything that failed for good" on the chosen tubes: on every shard of each,
         # as pause and resume do (the row is the whole queue).
-        kicked = 0
-        for tube in queryset:
-            for each in shards.whole(tube):
-                buried = Task.objects.using(each._state.db).filter(tube=each).buried().count()
-                if buried:
-                    kicked += each.kick(buried)
+        kicked = sum(Queue.of(tube).kick_buried() for tube in queryset)
         self.message_user(request, f"Kicked {kicked} task(s).", messages.SUCCESS)
 
     def get_urls(self) -> list[URLPattern]:

@@ -12,13 +12,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_taskloop.management.terminal import actions, failures, status
-from django_taskloop.management.terminal.queues import resolve
 from django_taskloop.management.terminal.text import BadInput, parse_duration
 from django_taskloop.management.terminal.trouble import (
     checked_databases,
     database_trouble,
     unreachable_database,
 )
+from django_taskloop.queues import PRUNABLE, QueueError, prune, resolve
 
 #: Seconds between two refreshes of ``status --watch`` when none is given.
 WATCH_EVERY = 2.0
@@ -104,7 +104,7 @@ def _change_parsers(sub: Any) -> None:
     p.add_argument(
         "--only",
         action="append",
-        choices=sorted(actions.PRUNABLE),
+        choices=sorted(PRUNABLE),
         help="Only this kind of row (repeatable).",
     )
     p.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
@@ -147,7 +147,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         try:
             getattr(self, f"do_{action}")(**options)
-        except BadInput as error:
+        except (BadInput, QueueError) as error:
             raise CommandError(str(error), returncode=2) from None
         except DatabaseError as error:
             said, code = database_trouble(error)
@@ -191,13 +191,22 @@ class Command(BaseCommand):
         )
 
     def do_retry(self, *, queue: str, ids: list[str], every: bool, **options: Any) -> None:
-        self.say(actions.retry(resolve(queue), ids, every))
+        if bool(ids) == every:
+            raise BadInput(
+                f"retry {queue} needs the ids to retry, or --all for every failed item (not both)"
+                if every
+                else f"retry {queue}: name the ids to retry, or say --all for every failed item"
+            )
+        found = resolve(queue)
+        self.say(found.retry_all() if every else found.retry(ids))
 
     def do_pause(self, *, queues: list[str], **options: Any) -> None:
-        self.say([actions.pause(q) for q in [resolve(name) for name in queues]])
+        for queue in [resolve(name) for name in queues]:
+            self.say(f"paused {queue.label}" if queue.pause() else f"{queue.label} was paused already")
 
     def do_resume(self, *, queues: list[str], **options: Any) -> None:
-        self.say([actions.resume(q) for q in [resolve(name) for name in queues]])
+        for queue in [resolve(name) for name in queues]:
+            self.say(f"resumed {queue.label}" if queue.resume() else f"{queue.label} was not paused")
 
     def do_alive(self, *, host: str, **options: Any) -> None:
         ok, line = actions.alive(host)
@@ -207,4 +216,4 @@ class Command(BaseCommand):
 
     def do_prune(self, *, older_than: str, only: list[str] | None, dry_run: bool, **options: Any) -> None:
         seconds = parse_duration(older_than, "--older-than")
-        self.say(actions.prune(seconds, list(dict.fromkeys(only or actions.PRUNABLE)), dry_run))
+        self.say(prune(seconds, list(dict.fromkeys(only or PRUNABLE)), dry_run))

@@ -11,9 +11,9 @@ from typing import Any
 
 from django_taskloop import engine, shards
 from django_taskloop.models import Failure
+from django_taskloop.queues import TASKS_SUFFIX, Queue
 from django_taskloop.stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, shown_queue
 
-from .queues import TASKS_SUFFIX, Queue
 from .text import WIDTH, ago, clip, table
 
 __all__ = ["failures", "failures_lines", "failures_json"]
@@ -31,10 +31,13 @@ def failures(queue: Queue | None, since: float | None, limit: int) -> list[Failu
         rows = rows.filter(
             kind="task", queue__in=[prefix + queue.name.partition("@")[0] for prefix in TASKS_TUBE_PREFIXES]
         )
-        databases = [str(tube._state.db) for tube in queue.tubes]
+        databases = queue.databases
+    elif queue is not None and queue.model is not None:  # a loop: its failures where Failure lives
+        rows, databases = rows.filter(kind="loop", queue=queue.name), []
     elif queue is not None:
-        rows = rows.filter(kind=queue.kind, queue=getattr(queue.source, "name", queue.name))
-        databases = [str(each._state.db) for each in queue.everywhere] if queue.kind != "loop" else []
+        # A shard named as ``emails@queue2``: its failures are recorded as ``emails``, there.
+        rows = rows.filter(kind=queue.kind, queue=queue.shards[0].name)
+        databases = queue.databases
     else:
         databases = shards.tube_databases()
     if since is not None:

@@ -17,6 +17,7 @@ from django.db import DatabaseError, connections
 
 from django_taskloop import shards
 from django_taskloop.models import WorkerProcess
+from django_taskloop.queues import Queue
 from django_taskloop.stats import (
     DJANGO_TASK,
     DJANGO_TASK_STATES,
@@ -34,7 +35,6 @@ from django_taskloop.stats import (
 from django_taskloop.workers.outage import describe
 from django_taskloop.workers.stopping import StopEvent
 
-from .queues import Queue
 from .text import WIDTH, clip, duration, plural, table
 
 __all__ = ["status_lines", "status_json", "summaries", "watch"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from django_taskloop.human import duration, plural
+
 __all__ = ["WIDTH", "BadInput", "ago", "clip", "duration", "parse_duration", "plural", "table"]
 
 #: The terminal's width every table fits in (docs/operating.md), the queue names permitting.
@@ -24,31 +26,6 @@ def parse_duration(text: str, option: str) -> float:
     if match is None:
         raise BadInput(f"{option} takes a duration such as 90s, 5m, 2h, 7d or 2w, not {text!r}")
     return float(match.group(1)) * _UNITS[match.group(2)]
-
-
-def duration(seconds: float | None) -> str:
-    """Return ``seconds`` as people say it: ``0.4 s``, ``12 s``, ``2 min``, ``3 h 05 min``, ``4 d 2 h``."""
-    if seconds is None:
-        return "—"
-    seconds = abs(seconds)
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    whole = int(seconds)
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days} d {hours} h" if hours else f"{days} d"
-    if hours:
-        return f"{hours} h {minutes:02d} min" if minutes else f"{hours} h"
-    if minutes:
-        return f"{minutes} min" if minutes >= 10 or not secs else f"{minutes} min {secs:02d} s"
-    return f"{secs} s"
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """Return ``1 failure``, ``3 failures`` (``many``: the plural when not ``word + "s"``)."""
-    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 def ago(seconds: float | None) -> str:
