@@ -5,8 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
@@ -23,12 +24,22 @@ from ..human import duration
 from .display import ago_text, when_cell, when_text
 from .paginator import EstimatedCountPaginator
 
+if TYPE_CHECKING:
+    # django-stubs makes these generic (the model, the form's model, the page's object); Django
+    # does not subscript them at run time, so the subscripted names exist for mypy only.
+    ModelAdmin = admin.ModelAdmin[Any]
+    ModelForm = forms.ModelForm[Any]
+else:
+    ModelAdmin, ModelForm = admin.ModelAdmin, forms.ModelForm
+
 _NOW: ContextVar[dt.datetime | None] = ContextVar("taskloop_admin_now", default=None)
 
 #: What an item's page offers as its retry button: ``(label, verb)``, or ``None``.
 Retry = tuple[str, Callable[[], object]] | None
 
 __all__ = [
+    "ModelAdmin",
+    "ModelForm",
     "dashboard_url",
     "TaskloopAdminMixin",
     "TaskloopModelAdmin",
@@ -54,7 +65,7 @@ def seconds_between(later: dt.datetime | None, earlier: dt.datetime | None) -> f
 humanize_seconds = duration
 
 
-class TaskloopModelAdmin(admin.ModelAdmin):
+class TaskloopModelAdmin(ModelAdmin):
     """The ``ModelAdmin`` of a queue-like model.
 
     - Counts never scan a whole table (:class:`EstimatedCountPaginator`, no full count).
@@ -76,7 +87,7 @@ class TaskloopModelAdmin(admin.ModelAdmin):
     def db_now(self, request: HttpRequest, using: str | None = None) -> dt.datetime:
         """Return the database's current time, read once per request and database."""
         alias = using or self._alias()
-        cache = request.__dict__.setdefault("_taskloop_now", {})
+        cache: dict[str, dt.datetime] = request.__dict__.setdefault("_taskloop_now", {})
         if alias not in cache:
             cache[alias] = db_now(alias)
         return cache[alias]

@@ -23,6 +23,7 @@ from ..models.boards import BoardEntity, ConsumedJob, Job, JobBoard, JobPriority
 from ..queues import Queue
 from ..stats import JOB_STATES, board_priorities, board_summary
 from .base import (
+    ModelForm,
     Retry,
     TaskloopModelAdmin,
     dashboard_url,
@@ -95,7 +96,7 @@ class JobPriorityFilter(admin.SimpleListFilter):
         return queryset if member is None else queryset.filter(priority=member.rank)
 
 
-class JobForm(forms.ModelForm):
+class JobForm(ModelForm):
     """Edit a job's priority and details, where its state allows it."""
 
     # Not the model field: PriorityField's integer validators cannot compare a JobPriority,
@@ -143,7 +144,8 @@ class JobForm(forms.ModelForm):
 
     def save(self, commit: bool = True) -> Job:
         # JobAdmin.save_model writes through JobBoard.edit_job(); nothing is saved here.
-        return self.instance
+        job: Job = self.instance
+        return job
 
     def save_m2m(self) -> None:
         """Nothing: a job has no many-to-many fields, and is saved through the board."""

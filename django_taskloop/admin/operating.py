@@ -27,7 +27,7 @@ from ..engine import db_now
 from ..models import Failure, Job, JobBoard, Task, TaskRecord, Tube, WorkerProcess
 from ..reaper import loop_models
 from ..stats import DJANGO_TASK, TASKS_TUBE_PREFIXES, django_tasks_queue, running_progress
-from .base import TaskloopAdminMixin, humanize_seconds, seconds_between
+from .base import ModelAdmin, TaskloopAdminMixin, humanize_seconds, seconds_between
 from .display import when_text
 
 __all__ = [
@@ -214,7 +214,7 @@ def _result_id(failure: Failure) -> str | None:
     return failure.item
 
 
-class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+class FailureAdmin(TaskloopAdminMixin, ModelAdmin):
     """Every failure a worker saw, newest first: what failed, why, where, which attempt."""
 
     # Five columns leave the message readable at 1280 px with both sidebars: the error and its
@@ -249,7 +249,8 @@ class FailureAdmin(TaskloopAdminMixin, admin.ModelAdmin):
         # The task path of a Django Task's result, read with the rows: one query a page,
         # not one a row (None: not a result, or pruned after RESULT_RETENTION).
         paths = TaskRecord.objects.filter(pk=OuterRef("item")).values("task_path")[:1]
-        return super().get_queryset(request).annotate(result_task_path=Subquery(paths))
+        rows: QuerySet[Any] = super().get_queryset(request).annotate(result_task_path=Subquery(paths))
+        return rows
 
     @admin.display(description=_("queue"))
     def where(self, obj: Failure) -> str:
@@ -335,7 +336,7 @@ def _item_url(failure: Failure, site_name: str) -> str | None:
         return None
 
 
-class WorkerProcessAdmin(admin.ModelAdmin):
+class WorkerProcessAdmin(ModelAdmin):
     """The worker processes alive now: host, pid, since when, last heartbeat, what they hold."""
 
     list_display = ("identity", "host", "pid", "up_for", "last_beat", "serves", "holds", "reported")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.paginator import Page, Paginator
 from django.db.models import QuerySet
@@ -19,7 +19,13 @@ def estimated_row_count(model: Any, using: str) -> int | None:
     return engine.estimated_row_count(model._meta.db_table, using)
 
 
-class EstimatedCountPaginator(Paginator):
+if TYPE_CHECKING:
+    PaginatorBase = Paginator[Any]  # generic in django-stubs only
+else:
+    PaginatorBase = Paginator
+
+
+class EstimatedCountPaginator(PaginatorBase):
     """Count at most ``exact_limit`` rows; beyond that, estimate or say "more than".
 
     An unfiltered list of a big table takes the row count from the table statistics

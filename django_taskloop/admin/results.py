@@ -25,7 +25,7 @@ from ..backends import short_result_id, taskloop_backend, taskloop_backends, wai
 from ..conf import setting
 from ..models import TaskRecord, TaskRecordStatus
 from ..stats import TASKS_TUBE_PREFIXES
-from .base import TaskloopAdminMixin, humanize_seconds, state_badge
+from .base import ModelAdmin, TaskloopAdminMixin, humanize_seconds, state_badge
 from .operating import progress_html
 
 __all__ = ["TaskRecordAdmin", "register"]
@@ -84,7 +84,7 @@ class TaskPathFilter(admin.SimpleListFilter):
         return queryset.filter(task_path=self.value()) if self.value() else queryset
 
 
-class TaskRecordAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+class TaskRecordAdmin(TaskloopAdminMixin, ModelAdmin):
     """Results of Django Tasks, newest first, with every attempt and a retry action."""
 
     # "kept until" is on each result's page; the list says the retention at its top.

@@ -13,12 +13,12 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from ..models import Schedule
-from .base import TaskloopAdminMixin, state_badge, until_cell
+from .base import ModelAdmin, TaskloopAdminMixin, state_badge, until_cell
 
 __all__ = ["ScheduleAdmin", "register"]
 
 
-class ScheduleAdmin(TaskloopAdminMixin, admin.ModelAdmin):
+class ScheduleAdmin(TaskloopAdminMixin, ModelAdmin):
     """The schedules, by name: what runs when, whether paused, the last error."""
 
     list_display = ("name", "kind", "cron_cell", "next_run", "last_run", "state", "runs", "error_preview")

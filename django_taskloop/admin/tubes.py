@@ -43,6 +43,7 @@ from ..models.tubes import (
 from ..queues import Queue
 from ..stats import TASKS_TUBE_PREFIXES, django_tasks_queue, tube_summary
 from .base import (
+    ModelForm,
     Retry,
     TaskloopModelAdmin,
     dashboard_url,
@@ -118,7 +119,7 @@ class PriorityRangeFilter(NumericRangeFilterBuilder(title=_("priority"))):  # ty
     """
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        filtered = super().queryset(request, queryset)
+        filtered: QuerySet[Any] = super().queryset(request, queryset)
         if filtered is queryset:
             return queryset
         return filtered.filter(state__in=list(STORED_STATES.values()))
@@ -128,13 +129,13 @@ class EventRangeFilter(DateTimeRangeFilterBuilder(title=_("next event (delay end
     """A range of ``event_at`` that the (tube, state, event_at) index can serve, as above."""
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        filtered = super().queryset(request, queryset)
+        filtered: QuerySet[Any] = super().queryset(request, queryset)
         if filtered is queryset:
             return queryset
         return filtered.filter(state__in=list(STORED_STATES.values()))
 
 
-class TaskForm(forms.ModelForm):
+class TaskForm(ModelForm):
     """Edit a task's priority (ttl tubes only) and data, unless a consumer holds it."""
 
     class Meta:
