@@ -91,8 +91,9 @@ class Queue:
     @classmethod
     def of(cls, item: Tube | JobBoard) -> Queue:
         """The whole queue that ``item`` (one database's tube or board) is a shard of."""
-        kind = "task" if isinstance(item, Tube) else "job"
-        return cls(kind, item.name, tuple(shards.everywhere(type(item), item.name)) or (item,))
+        if isinstance(item, Tube):
+            return cls("task", item.name, tuple(shards.everywhere(Tube, item.name)) or (item,))
+        return cls("job", item.name, tuple(shards.everywhere(JobBoard, item.name)) or (item,))
 
     @classmethod
     def named(cls, kind: str, name: str) -> Queue | None:

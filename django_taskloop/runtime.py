@@ -28,7 +28,8 @@ __all__ = [
 def backoff(attempt: int) -> float:
     """Return the retry delay after the ``attempt``-th failure (1-based): exponential, capped."""
     base = float(setting("RETRY_BACKOFF"))
-    return min(base * 2 ** max(0, attempt - 1), float(setting("RETRY_BACKOFF_MAX")))
+    delay: float = min(base * 2 ** max(0, attempt - 1), float(setting("RETRY_BACKOFF_MAX")))
+    return delay
 
 
 class StopNow(BaseException):

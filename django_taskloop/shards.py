@@ -36,16 +36,17 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, connections, router, transaction
+from django.db.models import Model
 
 from .conf import setting, tasks_backend_aliases
 from .engine.deadline import DeadlinePassed, bounded
 from .engine.reach import unreachable
 from .exceptions import NotFound, TubeError
-from .models import Failure, JobBoard, TaskRecord, Tube
+from .models import Failure, Job, JobBoard, Task, TaskRecord, Tube
 from .models.operating import TASKS_TUBE_PREFIXES
 from .task_options import TaskloopTask, task_key
 from .validation import check_aliases
@@ -84,6 +85,8 @@ class PutUncertain(DeadlinePassed):
 DOWN_FOR = 5.0
 
 T = TypeVar("T")
+#: A shard's queue: a tube or a board.
+Q = TypeVar("Q", Tube, JobBoard)
 
 _turn = itertools.count()
 _down: dict[str, float] = {}
@@ -121,7 +124,7 @@ def board_databases() -> list[str]:
     return [alias for alias in dict.fromkeys(found) if alias in connections.settings]
 
 
-def databases(model: Any) -> list[str]:
+def databases(model: type[Model]) -> list[str]:
     """Every database that may hold rows of ``model``: a tube's (and a Django Task result's)
     :func:`tube_databases`, a board's (and a job's) :func:`board_databases`, a failure's any of
     them, else the router's."""
@@ -140,7 +143,7 @@ def shown(name: str, using: str) -> str:
     return name if using == router.db_for_read(Tube) else f"{name}@{using}"
 
 
-def homes(model: Any, name: str) -> list[str]:
+def homes(model: type[Tube] | type[JobBoard], name: str) -> list[str]:
     """Return the databases queue ``name`` of ``model`` (:class:`Tube` or :class:`JobBoard`) may
     live in: its ``SHARDS`` entry; a Django Tasks queue's tube: every database that may hold
     tubes (its backend's ``OPTIONS["DATABASES"]`` among them); else the router's."""
@@ -152,7 +155,7 @@ def homes(model: Any, name: str) -> list[str]:
     return [router.db_for_read(model)]
 
 
-def everywhere(model: Any, name: str) -> list[Any]:
+def everywhere(model: type[Q], name: str) -> list[Q]:
     """Return queue ``name`` of ``model`` on each database that holds it (see :func:`homes`), in
     that order: what the operator's verbs (pause, resume, retry) act on, so that they act on
     the whole queue. ``name@alias``, as :func:`shown` writes one shard's, names that one only."""
@@ -225,7 +228,7 @@ def mark_down(alias: str) -> None:
         _down[alias] = time.monotonic() + DOWN_FOR
 
 
-class _Sharded:
+class _Sharded(Generic[Q]):
     """A queue over its shards: the shard a write goes to, and the verbs that act on all."""
 
     kind = "queue"
@@ -234,15 +237,15 @@ class _Sharded:
         self.name = name
         self.databases = list(databases)
         self.create = dict(create or {})
-        self._queues: dict[str, Any] = {}  # each shard's tube or board, once opened
+        self._queues: dict[str, Q] = {}  # each shard's tube or board, once opened
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} over {', '.join(self.databases)}>"
 
-    def _open(self, alias: str) -> Any:
+    def _open(self, alias: str) -> Q:
         raise NotImplementedError
 
-    def shard(self, alias: str) -> Any:
+    def shard(self, alias: str) -> Q:
         """Return the queue of shard ``alias`` (made there, with the options given, if need be)."""
         if alias not in self.databases:
             raise ValueError(
@@ -326,30 +329,32 @@ class _Sharded:
             return getattr(self.shard(alias), verb)(*args, **kwargs)
 
 
-class ShardedTube(_Sharded):
+class ShardedTube(_Sharded[Tube]):
     """A tube over its shards (:func:`tube`): put, put_many, statistics, pause and resume. The
     consumer verbs belong to each shard's :class:`~django_taskloop.models.Tube`
     (:meth:`shard`), as the tasks they name do."""
 
     kind = "tube"
 
-    def _open(self, alias: str) -> Any:
+    def _open(self, alias: str) -> Tube:
         return open_tube(self.name, self.create, using=alias)
 
-    def put(self, data: Any, **options: Any) -> Any:
+    def put(self, data: Any, **options: Any) -> Task:
         """Put a task on one shard (``Tube.put``'s options): the ``utube`` key's, else the next
         in turn. Returns the task; ``task._state.db`` names its shard."""
-        return self._on_some_shard(options.get("utube"), "put", data, **options)
+        task: Task = self._on_some_shard(options.get("utube"), "put", data, **options)
+        return task
 
-    def put_many(self, items: Iterable[Any], **options: Any) -> Any:
+    def put_many(self, items: Iterable[Any], **options: Any) -> list[Task]:
         """Put one task per item (``Tube.put_many``): all on the ``utube`` key's shard, else
         spread over the shards in turn, one ``put_many`` per shard. Returns the tasks."""
         items = list(items)
         key = options.get("utube")
         if key is not None or len(self.databases) == 1:
-            return self._on_some_shard(key, "put_many", items, **options)
+            tasks: list[Task] = self._on_some_shard(key, "put_many", items, **options)
+            return tasks
         parts = len(self.databases)
-        put: list[Any] = []
+        put: list[Task] = []
         for part in range(parts):
             chunk = items[part::parts]
             if chunk:
@@ -371,27 +376,28 @@ class ShardedTube(_Sharded):
         return {**total, "shards": per_shard, "down": down}
 
 
-class ShardedBoard(_Sharded):
+class ShardedBoard(_Sharded[JobBoard]):
     """A job board over its shards (:func:`board`): post, job_count, iterjobs, pause and
     resume. Claims, consumes and the rest belong to each shard's
     :class:`~django_taskloop.models.JobBoard` (:meth:`shard`), as the jobs they name do."""
 
     kind = "board"
 
-    def _open(self, alias: str) -> Any:
+    def _open(self, alias: str) -> JobBoard:
         return JobBoard.objects.db_manager(alias).create_board(self.name, if_not_exists=True)
 
-    def post(self, name: str, details: dict[str, Any] | None = None, **options: Any) -> Any:
+    def post(self, name: str, details: dict[str, Any] | None = None, **options: Any) -> Job:
         """Post a job (``JobBoard.post``) on one shard, the next in turn (one found down is left
         out); ``job._state.db`` names it."""
-        return self._on_some_shard(None, "post", name, details, **options)
+        job: Job = self._on_some_shard(None, "post", name, details, **options)
+        return job
 
     @property
     def job_count(self) -> int:
         """The jobs of every shard (``JobBoard.job_count``)."""
         return sum(self.shard(alias).job_count for alias in self.databases)
 
-    def iterjobs(self, only_unclaimed: bool = False) -> Iterator[Any]:
+    def iterjobs(self, only_unclaimed: bool = False) -> Iterator[Job]:
         """Every shard's jobs, shard after shard (``JobBoard.iterjobs``)."""
         for alias in self.databases:
             yield from self.shard(alias).iterjobs(only_unclaimed=only_unclaimed)
@@ -443,7 +449,7 @@ def registered_options(name: str) -> dict[str, Any] | None:
     return None if _registrations is None else _registrations(name)
 
 
-def open_tube(name: str, options: dict[str, Any], using: str | None = None) -> Any:
+def open_tube(name: str, options: dict[str, Any], using: str | None = None) -> Tube:
     """Return tube ``name`` (on database ``using``; default: the router's), made with
     ``options`` (``create_tube``'s) if it does not exist.
 
@@ -479,7 +485,7 @@ def backend_databases(given: Any) -> list[str] | None:
     return None if given is None else check_aliases(given, 'OPTIONS["DATABASES"]')
 
 
-def shard_for(databases: list[str] | None, model: Any, key: Any) -> tuple[str, str]:
+def shard_for(databases: list[str] | None, model: type[Model], key: Any) -> tuple[str, str]:
     """Return the database an enqueue writes to and the mark its result id carries: ``"@<n>"``,
     the shard's place in ``databases`` (append shards, never reorder them: ids name places);
     ``""`` unsharded (the router's database for ``model``)."""
@@ -489,7 +495,7 @@ def shard_for(databases: list[str] | None, model: Any, key: Any) -> tuple[str, s
     return alias, f"@{databases.index(alias)}"
 
 
-def database_of(databases: list[str] | None, model: Any, result_id: Any) -> str:
+def database_of(databases: list[str] | None, model: type[Model], result_id: object) -> str:
     """Return the database that holds ``result_id`` (its ``"@<n>"`` mark names the shard)."""
     _, mark, place = str(result_id).rpartition("@")
     if databases is not None and mark and place.isdigit() and int(place) < len(databases):
@@ -497,7 +503,7 @@ def database_of(databases: list[str] | None, model: Any, result_id: Any) -> str:
     return router.db_for_read(model) if databases is None else databases[0]
 
 
-def in_transaction(using: str, model: Any) -> bool:
+def in_transaction(using: str, model: type[Model]) -> bool:
     """Say whether the caller is inside a transaction: on ``using``, or (a shard) on the
     database the router gives ``model``, where the caller's own writes go."""
     return connections[using].in_atomic_block or connections[router.db_for_write(model)].in_atomic_block
