@@ -11,7 +11,7 @@ Imported by ``admin.autodiscover()``. It registers ``JobBoard``/``Job`` (the tra
 - Every loop, board and tube has a statistics page (its ``stats()``/``statistics()``), and
   ``admin:django_taskloop_dashboard`` (``<admin>/django_taskloop/dashboard/``, a URL of the
   site itself, linked from the app index and every list) shows them all: a table of every
-  queue (counts by state, oldest wait, rate, failed attempts of the last hour, what failed for
+  queue (counts by state, latency (the oldest ready wait), rate, failed attempts of the last hour, what failed for
   good, paused), throughput charts as wide as their cards (server-side SVG), the live workers,
   and a card per queue. ``<admin>/django_taskloop/jobboard/dashboard/``, where it was,
   redirects there.

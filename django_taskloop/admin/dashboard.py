@@ -87,7 +87,7 @@ def _depth_rows(summary: QueueSummary, labels: Mapping[str, Any] | None = None) 
 
 
 def _waits_row(summary: QueueSummary) -> tuple[str, str]:
-    return (_("oldest ready waits"), humanize_seconds(summary.oldest_ready))
+    return (_("latency"), humanize_seconds(summary.oldest_ready))
 
 
 #: A Django Tasks queue's tube states, in its user's words (``taken``: a worker runs it;
@@ -271,7 +271,7 @@ def _processed(
 
 
 def _queue_row(summary: QueueSummary, card: dict[str, Any], processed: Any) -> dict[str, Any]:
-    """Return one row of the table of queues: states, rate, oldest wait, failures, paused."""
+    """Return one row of the table of queues: states, rate, latency, failures, paused."""
     if summary.down is not None:
         return {
             **card,

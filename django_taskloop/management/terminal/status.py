@@ -1,4 +1,4 @@
-"""``taskloop status``: every queue's counts by state, oldest wait, pause, failures, workers.
+"""``taskloop status``: every queue's counts by state, latency, pause, failures, workers.
 
 Read from the read model (:func:`django_taskloop.stats.queue_summaries`, Django Tasks queues
 merged under their Django names), as the admin's dashboard and the metrics are. One table per
