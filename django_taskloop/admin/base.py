@@ -11,7 +11,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Model
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, URLPattern, reverse
 from django.utils.functional import Promise
@@ -21,6 +21,7 @@ from django.utils.translation import gettext_lazy as _
 from ..engine import db_now
 from ..exceptions import TaskloopError
 from ..human import duration
+from ..queues import Queue
 from .display import ago_text, when_cell, when_text
 from .paginator import EstimatedCountPaginator
 
@@ -43,6 +44,7 @@ __all__ = [
     "dashboard_url",
     "TaskloopAdminMixin",
     "TaskloopModelAdmin",
+    "QueueRowsAdmin",
     "humanize_seconds",
     "seconds_between",
     "state_badge",
@@ -331,3 +333,36 @@ def until_cell(deadline: dt.datetime | None, now: dt.datetime) -> str:
     if seconds >= 0:
         return format_html('<span class="tl-future">in {}</span>', humanize_seconds(seconds))
     return format_html('<span class="tl-past">{} ago</span>', humanize_seconds(seconds))
+
+
+class QueueRowsAdmin(TaskloopModelAdmin):
+    """The admin of a table whose rows are queues (tubes, boards). A row is the whole queue:
+    its pause and resume act on every shard of it (:meth:`django_taskloop.queues.Queue.of`),
+    as the terminal and the dashboard do."""
+
+    #: What a row is called in the messages: ``tube``, ``board``.
+    noun = "queue"
+
+    @admin.display(description=_("running"))
+    def running(self, obj: Any) -> str:
+        return state_badge(_("paused"), "paused") if obj.paused else state_badge(_("running"), "running")
+
+    def pause_rows(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        """Pause each chosen queue on every shard; say how many, and each refusal."""
+        self._each_queue(request, queryset, Queue.pause, "Paused %(n)d {}(s).")
+
+    def resume_rows(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        """Resume each chosen queue on every shard; say how many, and each refusal."""
+        self._each_queue(request, queryset, Queue.resume, "Resumed %(n)d {}(s).")
+
+    def _each_queue(
+        self, request: HttpRequest, queryset: QuerySet[Any], verb: Callable[[Queue], object], done: str
+    ) -> None:
+        noun = self.noun
+        self.run_each(
+            request,
+            queryset,
+            lambda row: verb(Queue.of(row)),
+            lambda row: f"{noun} {row.name}",
+            done.format(noun),
+        )

@@ -20,10 +20,10 @@ from rangefilter.filters import DateTimeRangeFilterBuilder
 from .. import engine
 from ..exceptions import JobFailure
 from ..models.boards import BoardEntity, ConsumedJob, Job, JobBoard, JobPriority, JobQuerySet
-from ..queues import Queue
 from ..stats import JOB_STATES, board_priorities, board_summary
 from .base import (
     ModelForm,
+    QueueRowsAdmin,
     Retry,
     TaskloopModelAdmin,
     dashboard_url,
@@ -403,8 +403,10 @@ class JobAdmin(TaskloopModelAdmin):
             self.message_user(request, f"{skipped} trashed job(s) left as they are.", messages.WARNING)
 
 
-class JobBoardAdmin(TaskloopModelAdmin):
+class JobBoardAdmin(QueueRowsAdmin):
     """Boards, with their job counts and a statistics page each. Hosts the dashboard."""
+
+    noun = "board"
 
     list_display = ("name", "running", "live_jobs", "links", "created")
     search_fields = ("name",)
@@ -412,29 +414,13 @@ class JobBoardAdmin(TaskloopModelAdmin):
     readonly_fields = ("created_on",)
     actions = ["pause_boards", "resume_boards"]
 
-    @admin.display(description=_("running"))
-    def running(self, obj: JobBoard) -> str:
-        return state_badge(_("paused"), "paused") if obj.paused else state_badge(_("running"), "running")
-
     @admin.action(description=_("Pause: workers claim nothing from it"), permissions=["change"])
     def pause_boards(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self.run_each(
-            request,
-            queryset,
-            lambda b: Queue.of(b).pause(),
-            lambda b: f"board {b.name}",
-            "Paused %(n)d board(s).",
-        )
+        self.pause_rows(request, queryset)
 
     @admin.action(description=_("Resume"), permissions=["change"])
     def resume_boards(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self.run_each(
-            request,
-            queryset,
-            lambda b: Queue.of(b).resume(),
-            lambda b: f"board {b.name}",
-            "Resumed %(n)d board(s).",
-        )
+        self.resume_rows(request, queryset)
 
     def get_readonly_fields(self, request: HttpRequest, obj: JobBoard | None = None) -> tuple[str, ...]:
         # A board's name is how workers find it: renaming one would strand them.

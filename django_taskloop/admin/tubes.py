@@ -44,6 +44,7 @@ from ..queues import Queue
 from ..stats import TASKS_TUBE_PREFIXES, django_tasks_queue, tube_summary
 from .base import (
     ModelForm,
+    QueueRowsAdmin,
     Retry,
     TaskloopModelAdmin,
     dashboard_url,
@@ -431,8 +432,10 @@ def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
     return {"statistics": stats, "exact": counted, "first_ttr": first_deadline, "now": engine.db_now(using)}
 
 
-class TubeAdmin(TaskloopModelAdmin):
+class TubeAdmin(QueueRowsAdmin):
     """Tubes, their options and a statistics page each."""
+
+    noun = "tube"
 
     list_display = ("tube_name", "running", "type", "ttl", "ttr", "pri", "links", "created_at")
     list_filter = (TubeUseFilter, "type")
@@ -448,29 +451,13 @@ class TubeAdmin(TaskloopModelAdmin):
     def created_at(self, obj: Tube) -> str:
         return when_cell(obj.created, self.now())
 
-    @admin.display(description=_("running"))
-    def running(self, obj: Tube) -> str:
-        return state_badge(_("paused"), "paused") if obj.paused else state_badge(_("running"), "running")
-
     @admin.action(description=_("Pause: workers take nothing from it"), permissions=["change"])
     def pause_tubes(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self.run_each(
-            request,
-            queryset,
-            lambda tube: Queue.of(tube).pause(),
-            lambda t: f"tube {t.name}",
-            "Paused %(n)d tube(s).",
-        )
+        self.pause_rows(request, queryset)
 
     @admin.action(description=_("Resume"), permissions=["change"])
     def resume_tubes(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        self.run_each(
-            request,
-            queryset,
-            lambda tube: Queue.of(tube).resume(),
-            lambda t: f"tube {t.name}",
-            "Resumed %(n)d tube(s).",
-        )
+        self.resume_rows(request, queryset)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Tube | None = None) -> tuple[str, ...]:
         # The type decides how the stored tasks are read: it cannot change under them.
