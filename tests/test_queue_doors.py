@@ -190,3 +190,31 @@ def test_a_wrong_name_or_id_is_one_error_and_changes_nothing(spread):
     with pytest.raises(QueueError, match="no job"):
         resolve("d-board").retry(["not-a-job"])
     assert _buried() == [1, 1] and _trashed_left() == [1, 1]
+
+
+@pytest.fixture
+def spread_tasks(settings: Any) -> None:
+    """A Django Tasks queue whose backend spreads it over both databases: its two tubes on each."""
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "django_taskloop.backends.TaskloopBackend",
+            "QUEUES": ["dq"],
+            "OPTIONS": {"DATABASES": BOTH},
+        }
+    }
+    for alias in BOTH:
+        Tube.objects.db_manager(alias).create_tube("tasks.dq", "fifottl")
+        Tube.objects.db_manager(alias).create_tube("tasks-keyed.dq", "utubettl")
+
+
+@pytest.mark.parametrize("door", ["queue", "terminal", "dashboard"])
+def test_a_django_tasks_queue_pauses_and_resumes_as_one_on_every_shard(spread_tasks, admin_client, door):
+    PAUSE_DOORS[door](admin_client, "django_task", "dq", "pause")
+    for alias in BOTH:
+        rows = Tube.objects.using(alias).filter(name__in=["tasks.dq", "tasks-keyed.dq"])
+        assert [tube.paused for tube in rows] == [True, True], alias
+    PAUSE_DOORS[door](admin_client, "django_task", "dq", "resume")
+    for alias in BOTH:
+        rows = Tube.objects.using(alias).filter(name__in=["tasks.dq", "tasks-keyed.dq"])
+        assert [tube.paused for tube in rows] == [False, False], alias
+    assert len(resolve("dq").shards) == 4
