@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 __all__ = [
     "TASKS_AVAILABLE",
-    "AnyTask",
-    "AnyTaskResult",
+    "DjangoTask",
+    "DjangoTaskResult",
     "explain_refused_options",
     "BaseTaskBackend",
     "InvalidTask",
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
         #: A result of any Django Task (django-stubs make it generic in the task's parameters
         #: and return type, the backport in its return type only).
-        AnyTaskResult: TypeAlias = TaskResult[Any, Any]
+        DjangoTaskResult: TypeAlias = TaskResult[Any, Any]
     else:
         from django_tasks import TaskResult, TaskResultStatus, task_backends
         from django_tasks import task as framework_task
@@ -56,9 +56,9 @@ if TYPE_CHECKING:
         from django_tasks.signals import task_enqueued, task_finished, task_started
         from django_tasks.utils import normalize_json
 
-        AnyTaskResult: TypeAlias = TaskResult[Any]
+        DjangoTaskResult: TypeAlias = TaskResult[Any]
     #: A Django Task of any parameters and return type (a backend reads tasks by their path).
-    AnyTask: TypeAlias = Task[Any, Any]
+    DjangoTask: TypeAlias = Task[Any, Any]
 else:
     try:  # Django 6.0+
         from django.tasks import TaskResult, TaskResultStatus, task_backends
@@ -83,7 +83,7 @@ else:
             Task = TaskContext = TaskError = InvalidTask = TaskResultDoesNotExist = None
             task_enqueued = task_finished = task_started = normalize_json = None
     # (Django 6's Task and TaskResult are not generic at run time: the classes themselves.)
-    AnyTask, AnyTaskResult = Task, TaskResult
+    DjangoTask, DjangoTaskResult = Task, TaskResult
 
 #: Whether a Tasks framework could be imported.
 TASKS_AVAILABLE: bool = BaseTaskBackend is not None

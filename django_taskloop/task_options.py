@@ -21,7 +21,7 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from .compat import TASKS_AVAILABLE, AnyTask, Task, framework_task
+from .compat import TASKS_AVAILABLE, DjangoTask, Task, framework_task
 from .conf import setting
 from .runtime import backoff
 from .validation import check_seconds
@@ -131,7 +131,7 @@ def task_key(task: Any, args: Any, kwargs: Any) -> str | None:
 if TASKS_AVAILABLE:
 
     @dataclass(frozen=True, slots=True, kw_only=True)
-    class TaskloopTask(AnyTask):
+    class TaskloopTask(DjangoTask):
         """A Django ``Task`` with django-taskloop's options (see the module's docstring)."""
 
         #: Runs in all before the task ends FAILED (1: no retry). Any exception counts.
@@ -183,7 +183,7 @@ if TASKS_AVAILABLE:
                     "a backoff given to using() must be a number, None or a module-level "
                     f"function (the worker imports it by name), not {ours['backoff']!r}"
                 )
-            task: AnyTask = Task.using(self, **changes)
+            task: DjangoTask = Task.using(self, **changes)
             return replace(task, **ours) if ours else task
 
         def retry_delay(self, attempt: int) -> float:

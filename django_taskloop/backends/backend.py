@@ -13,7 +13,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from .. import shards
-from ..compat import TASKS_AVAILABLE, AnyTask, AnyTaskResult, BaseTaskBackend, task_backends
+from ..compat import TASKS_AVAILABLE, BaseTaskBackend, DjangoTask, DjangoTaskResult, task_backends
 from ..models import Task as TubeTask
 from ..task_options import TaskloopTask
 from .enqueue import Enqueuer, check_task
@@ -76,14 +76,14 @@ if TASKS_AVAILABLE:
             """The shards of this backend's queues (``OPTIONS["DATABASES"]``), or ``None``."""
             return shards.backend_databases(self.options.get("DATABASES"))
 
-        def validate_task(self, task: AnyTask) -> None:
+        def validate_task(self, task: DjangoTask) -> None:
             super().validate_task(task)
             # The queue name becomes part of a tube name; the function must not be a generator.
             check_task(task)
 
         def enqueue(
-            self, task: AnyTask, args: Iterable[object], kwargs: Mapping[str, object]
-        ) -> AnyTaskResult:
+            self, task: DjangoTask, args: Iterable[object], kwargs: Mapping[str, object]
+        ) -> DjangoTaskResult:
             """Put the call in its queue's tube and return its ``TaskResult`` (READY).
 
             One INSERT: the tube task carries the call (path, arguments, options) and the
@@ -99,7 +99,7 @@ if TASKS_AVAILABLE:
             self.validate_task(task)
             return self._enqueuer.enqueue(task, args, kwargs)
 
-        def get_result(self, result_id: str) -> AnyTaskResult:
+        def get_result(self, result_id: str) -> DjangoTaskResult:
             """Return the ``TaskResult`` of ``result_id`` as it is now.
 
             A task past its ``ttl`` reads FAILED (``TaskExpired``) at once, as the worker that
@@ -107,7 +107,7 @@ if TASKS_AVAILABLE:
             """
             return self._results.get_result(result_id)
 
-        def retry(self, result_id: str) -> AnyTaskResult:
+        def retry(self, result_id: str) -> DjangoTaskResult:
             """Run the FAILED task ``result_id`` once more; return its ``TaskResult`` (READY).
 
             A new attempt of the same result, not a new result: its ``errors`` and

@@ -18,7 +18,7 @@ from django.db import IntegrityError, connections, router, transaction
 from django.utils.module_loading import import_string
 
 from .. import engine, shards
-from ..compat import AnyTask, AnyTaskResult, InvalidTask, normalize_json, task_enqueued
+from ..compat import DjangoTask, DjangoTaskResult, InvalidTask, normalize_json, task_enqueued
 from ..exceptions import NotFound
 from ..models import Task as TubeTask
 from ..models import TaskRecord, TaskRecordStatus, Tube
@@ -42,7 +42,9 @@ class Enqueuer:
         self.backend = backend
         self.results = results
 
-    def enqueue(self, task: AnyTask, args: Iterable[object], kwargs: Mapping[str, object]) -> AnyTaskResult:
+    def enqueue(
+        self, task: DjangoTask, args: Iterable[object], kwargs: Mapping[str, object]
+    ) -> DjangoTaskResult:
         """The put of ``TaskloopBackend.enqueue`` (``task`` checked already)."""
         call: Call = {
             "task": task.module_path,
@@ -80,7 +82,7 @@ class Enqueuer:
         self._announce(result, using)
         return result
 
-    def _announce(self, result: AnyTaskResult, using: str) -> None:
+    def _announce(self, result: DjangoTaskResult, using: str) -> None:
         """Send ``task_enqueued`` for ``result`` when its rows are committed (at once outside
         a transaction, as on_commit would, less its cost on the hot path)."""
         sender = type(self.backend)
@@ -89,7 +91,7 @@ class Enqueuer:
         else:
             task_enqueued.send(sender, task_result=result)
 
-    def _put(self, call: Call, task: AnyTask, using: str, key: str | None) -> TubeTask:
+    def _put(self, call: Call, task: DjangoTask, using: str, key: str | None) -> TubeTask:
         """Put ``call`` in its queue's tube (its keyed tube for a key); return the tube task."""
         for attempt in range(2):
             tube = queue_tube(using, task.queue_name, fresh=attempt > 0, keyed=key is not None)
@@ -112,7 +114,7 @@ class Enqueuer:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _enqueue_with_options(self, task: TaskloopTask, using: str, call: Call) -> AnyTaskResult:
+    def _enqueue_with_options(self, task: TaskloopTask, using: str, call: Call) -> DjangoTaskResult:
         """Enqueue a ``unique`` task, or an ``enqueue_on_commit`` one inside a transaction:
         its result's record first, with the tube task pointing at it (two rows).
 
@@ -130,7 +132,7 @@ class Enqueuer:
             data["options"] = options
         unique_on = task.unique_on
 
-        def enqueue_now() -> AnyTaskResult:
+        def enqueue_now() -> DjangoTaskResult:
             # Enqueued now (at the caller's commit, for enqueue_on_commit).
             record.enqueued_at = engine.DbNow()
             return self._insert_with_options(record, task, using, data, key, unique_on)
@@ -153,7 +155,7 @@ class Enqueuer:
         data: Call,
         key: str | None,
         unique_on: str | None,
-    ) -> AnyTaskResult:
+    ) -> DjangoTaskResult:
         """INSERT the record and its tube task (or find the waiting twin); return the result."""
 
         def work(tube: Tube) -> TaskRecord | None:
@@ -258,7 +260,7 @@ class Enqueuer:
 _valid: set[tuple[str, object]] = set()
 
 
-def check_task(task: AnyTask) -> None:
+def check_task(task: DjangoTask) -> None:
     """What ``TaskloopBackend.validate_task`` adds to Django's checks: the queue name (part of a
     tube name) and the function. Checked once per queue name and function (enqueue validates
     every call)."""
@@ -275,7 +277,7 @@ def check_task(task: AnyTask) -> None:
     _valid.add((task.queue_name, task.func))
 
 
-def _has_options(task: AnyTask) -> TypeGuard[TaskloopTask]:
+def _has_options(task: DjangoTask) -> TypeGuard[TaskloopTask]:
     """Say whether ``task`` uses any django-taskloop option (a plain enqueue stays two INSERTs)."""
     return isinstance(task, TaskloopTask) and (
         task.max_attempts != 1
@@ -288,7 +290,7 @@ def _has_options(task: AnyTask) -> TypeGuard[TaskloopTask]:
     )
 
 
-def _call_options(task: AnyTask, args: object, kwargs: object) -> tuple[str | None, Call]:
+def _call_options(task: DjangoTask, args: object, kwargs: object) -> tuple[str | None, Call]:
     """Return the key of a call of ``task`` and the options its worker needs at run time
     (``max_attempts``, ``ttl``, ``ttr``, ``key``, a numeric ``backoff``): carried by the tube
     task, so that ``using()`` for one call holds for its retries too; a callable ``backoff`` is
@@ -331,6 +333,6 @@ def _backoff_option(task: TaskloopTask) -> Call:
     return {"backoff_path": path}
 
 
-def _task_ttr(task: AnyTask) -> float | None:
+def _task_ttr(task: DjangoTask) -> float | None:
     ttr: float | None = getattr(task, "ttr", None)
     return ttr

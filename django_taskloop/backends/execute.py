@@ -14,7 +14,7 @@ from django.db.models import Manager
 from django.utils.module_loading import import_string
 
 from .. import engine
-from ..compat import AnyTask, AnyTaskResult, TaskContext, normalize_json, task_finished, task_started
+from ..compat import DjangoTask, DjangoTaskResult, TaskContext, normalize_json, task_finished, task_started
 from ..models import Task as TubeTask
 from ..models import TaskRecord, TaskRecordStatus
 from ..runtime import FailedForGood, StopNow, backoff, run_interruptibly
@@ -127,7 +127,7 @@ class TaskRunner:
             raise FailedForGood(f"task {record.id} ({record.task_path}) expired") from expired[0]
         return record
 
-    def _runnable(self, manager: Records, record: TaskRecord) -> AnyTask:
+    def _runnable(self, manager: Records, record: TaskRecord) -> DjangoTask:
         """Return the Task ``record`` names; one that no longer imports ends FAILED."""
         try:
             return self.results.stored_task(record)
@@ -136,7 +136,7 @@ class TaskRunner:
             self._finish(manager, record, TaskRecordStatus.FAILED, None, error)
             raise FailedForGood(f"task {record.id}: {record.task_path} is not a Task") from error
 
-    def _call(self, task: AnyTask, record: TaskRecord, result: AnyTaskResult) -> object:
+    def _call(self, task: DjangoTask, record: TaskRecord, result: DjangoTaskResult) -> object:
         """Call the task's function with the record's arguments; return what it returned."""
         # An async def task's coroutine is awaited on the worker's event loop in this
         # thread (run_interruptibly), where a hard stop can interrupt and cancel it;
@@ -150,7 +150,7 @@ class TaskRunner:
         self,
         manager: Records,
         record: TaskRecord,
-        task: AnyTask,
+        task: DjangoTask,
         options: Options,
         queued: TubeTask | None,
         error: BaseException,
@@ -182,7 +182,7 @@ class TaskRunner:
         self,
         manager: Records,
         record: TaskRecord,
-        task: AnyTask,
+        task: DjangoTask,
         options: Options,
         attempt: int,
         error: BaseException,

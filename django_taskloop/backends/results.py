@@ -15,8 +15,8 @@ from django.utils.module_loading import import_string
 
 from .. import engine, shards
 from ..compat import (
-    AnyTask,
-    AnyTaskResult,
+    DjangoTask,
+    DjangoTaskResult,
     Task,
     TaskError,
     TaskResult,
@@ -41,7 +41,7 @@ class Results:
         """The shard that holds ``result_id`` (its id says which)."""
         return shards.database_of(self.backend.databases, TaskRecord, result_id)
 
-    def get_result(self, result_id: str) -> AnyTaskResult:
+    def get_result(self, result_id: str) -> DjangoTaskResult:
         """See ``TaskloopBackend.get_result``."""
         record = self.record(result_id)
         if record is None:
@@ -81,8 +81,8 @@ class Results:
         return record
 
     def to_result(
-        self, record: TaskRecord, task: AnyTask | None = None, expired: BaseException | None = None
-    ) -> AnyTaskResult:
+        self, record: TaskRecord, task: DjangoTask | None = None, expired: BaseException | None = None
+    ) -> DjangoTaskResult:
         """Return ``record`` as a ``TaskResult``; ``expired``: it is past its ttl (FAILED)."""
         if task is None:
             try:
@@ -112,7 +112,7 @@ class Results:
             return_value=record.return_value,
         )
 
-    def retry(self, result_id: str) -> AnyTaskResult:
+    def retry(self, result_id: str) -> DjangoTaskResult:
         """See ``TaskloopBackend.retry``."""
         using = self.database_of(result_id)
         manager = TaskRecord.objects.db_manager(using)
@@ -146,7 +146,7 @@ class Results:
         record.refresh_from_db()
         return self.to_result(record)
 
-    def stored_task(self, record: TaskRecord) -> AnyTask:
+    def stored_task(self, record: TaskRecord) -> DjangoTask:
         """Return the Task that ``record`` names (ImportError, or TypeError if not a Task)."""
         task = import_string(record.task_path)
         if not isinstance(task, Task):
@@ -158,7 +158,7 @@ class Results:
 
 
 def task_result(
-    task: AnyTask,
+    task: DjangoTask,
     backend: str,
     *,
     id: str,
@@ -172,10 +172,10 @@ def task_result(
     errors: Iterable[TaskError] = (),
     worker_ids: Iterable[str] = (),
     return_value: object = None,
-) -> AnyTaskResult:
+) -> DjangoTaskResult:
     """Return a ``TaskResult`` of ``task`` holding ``return_value`` (the one place results are
     built: at enqueue, and from a record)."""
-    result: AnyTaskResult = TaskResult(
+    result: DjangoTaskResult = TaskResult(
         task=task,
         id=id,
         status=TaskResultStatus[status],
@@ -202,7 +202,7 @@ def error_entry(error: BaseException) -> dict[str, str]:
     }
 
 
-def _stand_in(record: TaskRecord, backend: str) -> AnyTask:
+def _stand_in(record: TaskRecord, backend: str) -> DjangoTask:
     """Return the Task that ``record``'s result reads with when its stored path no longer names
     one (see ``Results.to_result``): :func:`_missing`'s function, with the record's priority,
     queue and ``run_after``.
@@ -219,7 +219,7 @@ def _stand_in(record: TaskRecord, backend: str) -> AnyTask:
         "run_after": record.run_after,
     }
     fields = {field.name for field in dataclasses.fields(Task) if field.init}
-    task: AnyTask = Task(**{name: value for name, value in known.items() if name in fields})
+    task: DjangoTask = Task(**{name: value for name, value in known.items() if name in fields})
     return task
 
 
