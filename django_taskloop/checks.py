@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Any
+from collections.abc import Sequence
 
-from django.apps import apps
+from django.apps import AppConfig, apps
+from django.conf import settings
 from django.core import checks
 from django.db import connections
+from django.utils.module_loading import module_has_submodule
 
-from . import compat, engine
+from . import backends, compat, engine
+from .conf import DEFAULTS, RULES, tasks_backend_aliases, user_settings
+from .schedules import ScheduleError, configured
 
 
 @checks.register(checks.Tags.database)
-def check_skip_locked(databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_skip_locked(databases: Sequence[str] | None = None, **kwargs: object) -> list[checks.CheckMessage]:
     """taskloop.E001: MySQL/MariaDB must support ``SKIP LOCKED``."""
     errors: list[checks.CheckMessage] = []
     for alias in databases or []:
@@ -42,11 +46,10 @@ def check_skip_locked(databases: Any = None, **kwargs: Any) -> list[checks.Check
 
 
 @checks.register()
-def check_tasks_framework(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_tasks_framework(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: object
+) -> list[checks.CheckMessage]:
     """taskloop.E004: ``TASKS`` names TaskloopBackend but no Tasks framework can be imported."""
-    from . import backends
-    from .conf import tasks_backend_aliases
-
     if backends.TaskloopBackend is not None:
         return []
     named = tasks_backend_aliases()
@@ -66,7 +69,9 @@ def check_tasks_framework(app_configs: Any = None, **kwargs: Any) -> list[checks
 
 
 @checks.register()
-def check_tasks_configured(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_tasks_configured(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: object
+) -> list[checks.CheckMessage]:
     """When ``TASKS`` names no ``TaskloopBackend``, the apps' ``tasks`` modules:
 
     - taskloop.E005: one cannot be imported because Django's ``@task`` handed django-taskloop's
@@ -75,10 +80,6 @@ def check_tasks_configured(app_configs: Any = None, **kwargs: Any) -> list[check
       runs each at once, inline, through Django's default backend, and no worker runs them.
       (A ``TASKS`` that names other backends, such as a test settings file's, is a choice.)
     """
-    from django.conf import settings
-
-    from .conf import tasks_backend_aliases
-
     if compat.Task is None or tasks_backend_aliases():
         return []
     found, refused = _defined_tasks(compat.Task)
@@ -113,8 +114,6 @@ def _defined_tasks(task_class: type) -> tuple[list[str], list[tuple[str, str]]]:
     """Return the dotted paths of the Django Tasks that the installed apps' ``tasks`` modules
     define (each module imported, as ``admin.autodiscover()`` imports ``admin`` modules), and
     ``(module, error)`` for each that a backend's refusal of task options kept from importing."""
-    from django.utils.module_loading import module_has_submodule
-
     found: list[str] = []
     refused: list[tuple[str, str]] = []
     for app_config in apps.get_app_configs():
@@ -138,11 +137,11 @@ def _defined_tasks(task_class: type) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 @checks.register()
-def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_schedules(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: object
+) -> list[checks.CheckMessage]:
     """taskloop.E010: a schedule that workers could not run (``TASKLOOP["SCHEDULE"]``, the time
     zone, a name used twice), reported at ``manage.py check`` rather than in a worker."""
-    from .schedules import ScheduleError, configured
-
     try:
         configured()
     except ScheduleError as error:
@@ -160,11 +159,11 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
 
 
 @checks.register()
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: object
+) -> list[checks.CheckMessage]:
     """taskloop.E020/E021/W020: each ``TASKLOOP`` key has a value of its type and range, and
     every key is one django-taskloop knows (a misspelt key would silently keep its default)."""
-    from .conf import DEFAULTS, RULES, user_settings
-
     user = user_settings()
     if not isinstance(user, dict):
         return [
@@ -192,10 +191,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return found
 
 
-def _unknown_key(key: Any) -> checks.CheckMessage:
+def _unknown_key(key: object) -> checks.CheckMessage:
     """taskloop.W020 for a key ``TASKLOOP`` does not know, naming the nearest known one."""
-    from .conf import DEFAULTS
-
     nearest = difflib.get_close_matches(str(key).upper(), DEFAULTS, n=1, cutoff=0.6)
     hint = (
         f"Did you mean {nearest[0]!r}?"
@@ -208,7 +205,9 @@ def _unknown_key(key: Any) -> checks.CheckMessage:
 
 
 @checks.register(checks.Tags.admin)
-def check_rangefilter(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_rangefilter(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: object
+) -> list[checks.CheckMessage]:
     """taskloop.E030: the admin's date and number range filters need ``rangefilter`` installed."""
     if not apps.is_installed("django.contrib.admin") or apps.is_installed("rangefilter"):
         return []

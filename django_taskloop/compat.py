@@ -10,10 +10,12 @@ checker reads the framework of its Python version: the backport below 3.12 (Djan
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 __all__ = [
     "TASKS_AVAILABLE",
+    "DjangoTask",
+    "DjangoTaskResult",
     "explain_refused_options",
     "BaseTaskBackend",
     "InvalidTask",
@@ -40,6 +42,10 @@ if TYPE_CHECKING:
         from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
         from django.tasks.signals import task_enqueued, task_finished, task_started
         from django.utils.json import normalize_json
+
+        #: A result of any Django Task (django-stubs make it generic in the task's parameters
+        #: and return type, the backport in its return type only).
+        DjangoTaskResult: TypeAlias = TaskResult[Any, Any]
     else:
         from django_tasks import TaskResult, TaskResultStatus, task_backends
         from django_tasks import task as framework_task
@@ -49,6 +55,10 @@ if TYPE_CHECKING:
         from django_tasks.exceptions import TaskResultDoesNotExist
         from django_tasks.signals import task_enqueued, task_finished, task_started
         from django_tasks.utils import normalize_json
+
+        DjangoTaskResult: TypeAlias = TaskResult[Any]
+    #: A Django Task of any parameters and return type (a backend reads tasks by their path).
+    DjangoTask: TypeAlias = Task[Any, Any]
 else:
     try:  # Django 6.0+
         from django.tasks import TaskResult, TaskResultStatus, task_backends
@@ -72,6 +82,8 @@ else:
             TaskResult = TaskResultStatus = task_backends = BaseTaskBackend = framework_task = None
             Task = TaskContext = TaskError = InvalidTask = TaskResultDoesNotExist = None
             task_enqueued = task_finished = task_started = normalize_json = None
+    # (Django 6's Task and TaskResult are not generic at run time: the classes themselves.)
+    DjangoTask, DjangoTaskResult = Task, TaskResult
 
 #: Whether a Tasks framework could be imported.
 TASKS_AVAILABLE: bool = BaseTaskBackend is not None

@@ -16,12 +16,13 @@ An option the backend does not know is the dataclass's ``TypeError``; a bad valu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from django.utils.module_loading import import_string
 
-from .compat import TASKS_AVAILABLE, Task, framework_task
+from .compat import TASKS_AVAILABLE, DjangoTask, Task, framework_task
 from .conf import setting
 from .runtime import backoff
 from .validation import check_seconds
@@ -33,13 +34,13 @@ OPTION_NAMES = ("max_attempts", "backoff", "ttl", "ttr", "key", "unique", "enque
 
 
 def check_options(
-    max_attempts: Any = 1,
-    backoff: Any = None,
-    ttl: Any = None,
-    ttr: Any = None,
-    key: Any = None,
-    unique: Any = False,
-    enqueue_on_commit: Any = False,
+    max_attempts: object = 1,
+    backoff: object = None,
+    ttl: object = None,
+    ttr: object = None,
+    key: object = None,
+    unique: object = False,
+    enqueue_on_commit: object = False,
 ) -> None:
     """Raise ``TypeError``/``ValueError`` naming the first bad option."""
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
@@ -106,7 +107,7 @@ def task(function: Any = None, **options: Any) -> Any:
     return wrapper(function) if function is not None else wrapper
 
 
-def function_path(function: Any) -> str | None:
+def function_path(function: object) -> str | None:
     """Return the dotted path that imports ``function`` back (None: a lambda, a nested or
     bound function, anything not reachable by name)."""
     path = f"{getattr(function, '__module__', '')}.{getattr(function, '__qualname__', '')}"
@@ -131,7 +132,7 @@ def task_key(task: Any, args: Any, kwargs: Any) -> str | None:
 if TASKS_AVAILABLE:
 
     @dataclass(frozen=True, slots=True, kw_only=True)
-    class TaskloopTask(Task):
+    class TaskloopTask(DjangoTask):
         """A Django ``Task`` with django-taskloop's options (see the module's docstring)."""
 
         #: Runs in all before the task ends FAILED (1: no retry). Any exception counts.
@@ -139,7 +140,7 @@ if TASKS_AVAILABLE:
         #: Seconds before a retry: a number, or ``callable(attempt) -> seconds`` (attempt is
         #: 1-based, the attempt that failed); ``None``: the worker's exponential backoff
         #: (``TASKLOOP["RETRY_BACKOFF"]`` doubling up to ``RETRY_BACKOFF_MAX``).
-        backoff: Any = None
+        backoff: float | Callable[[int], float] | None = None
         #: Seconds from enqueue (or from ``run_after``) within which the task must start; later
         #: it ends FAILED with :class:`~django_taskloop.exceptions.TaskExpired`, never runs.
         ttl: float | None = None
@@ -148,11 +149,11 @@ if TASKS_AVAILABLE:
         ttr: float | None = None
         #: Tasks with the same key run one at a time, in enqueue order. A ``str``, or a
         #: callable given the call's arguments that returns one.
-        key: Any = None
+        key: str | Callable[..., str] | None = None
         #: While an equal task waits (READY, not started), enqueue returns its result instead
         #: of adding another: ``"args"`` (same task, same arguments), ``"key"`` (same task,
         #: same key) or ``True`` (``"key"`` if the task has a key, else ``"args"``).
-        unique: Any = False
+        unique: bool | str = False
         #: Enqueue when the surrounding transaction commits; nothing if it rolls back.
         enqueue_on_commit: bool = False
 
@@ -162,7 +163,7 @@ if TASKS_AVAILABLE:
             Task.__post_init__(self)
 
         @property
-        def options(self) -> dict[str, Any]:
+        def options(self) -> dict[str, object]:
             """This task's django-taskloop options, by name."""
             return {name: getattr(self, name) for name in OPTION_NAMES}
 
@@ -183,7 +184,7 @@ if TASKS_AVAILABLE:
                     "a backoff given to using() must be a number, None or a module-level "
                     f"function (the worker imports it by name), not {ours['backoff']!r}"
                 )
-            task = Task.using(self, **changes)
+            task: DjangoTask = Task.using(self, **changes)
             return replace(task, **ours) if ours else task
 
         def retry_delay(self, attempt: int) -> float:

@@ -36,7 +36,7 @@ import os
 import socket
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +56,7 @@ from .backends import (
     taskloop_backend,
     taskloop_backends,
 )
-from .compat import TASKS_AVAILABLE, TaskResultDoesNotExist
+from .compat import TASKS_AVAILABLE, DjangoTask, DjangoTaskResult, TaskResultDoesNotExist
 from .exceptions import TaskloopError
 from .models import Task as TubeTask
 from .models import TaskRecord, Tube
@@ -284,7 +284,9 @@ if TASKS_AVAILABLE:
             except (TypeError, ValueError) as error:
                 raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']: {error}") from None
 
-        def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        def enqueue(
+            self, task: DjangoTask, args: Iterable[object], kwargs: Mapping[str, object]
+        ) -> DjangoTaskResult:
             result = super().enqueue(task, args, kwargs)
             using = router.db_for_write(TaskRecord)
             if (
@@ -299,7 +301,7 @@ if TASKS_AVAILABLE:
                 return self.get_result(result.id)
             return result
 
-        def retry(self, result_id: str) -> Any:
+        def retry(self, result_id: str) -> DjangoTaskResult:
             """Run the FAILED task ``result_id`` once more, now (see ``TaskloopBackend.retry``);
             return its result as it then is."""
             result = super().retry(result_id)
@@ -403,7 +405,7 @@ class _Drain:
         tube task is given back and the error raised, with the test's transaction usable.
         """
         inside = connections[driver.using].in_atomic_block
-        savepoint: AbstractContextManager[Any] = (
+        savepoint: AbstractContextManager[object] = (
             transaction.atomic(using=driver.using) if inside else nullcontext()
         )
         try:

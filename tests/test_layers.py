@@ -217,10 +217,6 @@ LAZY_IMPORTS = {
     ("apps", "schedules"): "AppConfig.ready(): apps.py is imported before the models are",
     ("apps", "workers"): "AppConfig.ready(): apps.py is imported before the models are",
     ("apps", "shards"): "AppConfig.ready(): apps.py is imported before the models are",
-    ("checks", "backends"): "not moved yet (checks.py is another part of the renovation); "
-    "no circle: checks is on the top floor",
-    ("checks", "conf"): "not moved yet (as above)",
-    ("checks", "schedules"): "not moved yet (as above)",
     ("pytest_plugin", "testing"): "fixtures: pytest imports the plugin (a conftest's "
     "pytest_plugins) before pytest-django has set Django up, and testing imports the models",
 }
