@@ -33,7 +33,7 @@ from django.db.models import Field, Model, QuerySet
 
 from . import engine, shards
 from .backends import TaskloopBackend, taskloop_backends
-from .compat import TaskResult, TaskResultDoesNotExist
+from .compat import DjangoTaskResult, TaskResultDoesNotExist
 from .conf import tasks_backend_aliases
 from .human import duration, plural
 from .models import ConsumedJob, Failure, JobBoard, TaskLoop, TaskRecord, TaskRecordStatus, Tube
@@ -384,7 +384,7 @@ def _retry_loop(queue: Queue, ids: list[str], every: bool) -> list[str]:
     ]
 
 
-def _result(queue: Queue, result_id: str) -> tuple[TaskloopBackend, TaskResult[Any]]:
+def _result(queue: Queue, result_id: str) -> tuple[TaskloopBackend, DjangoTaskResult]:
     """Return ``(backend, result)`` of the Django Task ``result_id`` of the queue."""
     for backend in taskloop_backends():
         try:
