@@ -15,9 +15,9 @@ transaction (on PostgreSQL in the same statement), and may start from its
 :class:`~django_taskloop.engine.ClaimCursor` instead of the head of the claim index.
 
 A take that waits registers a :class:`TubeWaiter` row (``drop`` refuses while there is one)
-and sleeps on :mod:`django_taskloop.wakeup` until a put, release or kick wakes it, or the clock
-may have made something ready; one read (:func:`worth_trying`) then says whether another try
-may find something. An idle worker asks the same read for all of its tubes at once.
+and sleeps on :mod:`django_taskloop.wakeup` until a change wakes it (a put, a release, a kick,
+a resume: ``_wake``) or the clock may have made something ready; one read
+(:func:`worth_trying`) then says whether another try may find something. An idle worker asks the same read for all of its tubes at once.
 
 What a consumer holds it settles here too: :meth:`~TubeClaiming.ack` (and ``ack_many``),
 :meth:`~TubeClaiming.release`, :meth:`~TubeClaiming.touch` (a worker's heartbeat for its tasks
