@@ -17,7 +17,8 @@ from django.test.utils import CaptureQueriesContext
 
 from django_taskloop import engine
 from django_taskloop.models import Task, Tube, TubeStat
-from django_taskloop.models.tubes import base as tubes_base
+from django_taskloop.models.tubes import claiming as tubes_claiming
+from django_taskloop.models.tubes.definitions import TAKE_ORDER
 
 from .conftest import race
 
@@ -34,7 +35,7 @@ def test_a_worker_batch_is_one_statement_on_postgresql_and_three_on_sqlite(vendo
     first = tube.take_many(10, consumer="w")
     tube.ack_and_take([t.pk for t in first], 10, consumer="w")  # warm: statements kept
     held = [t.pk for t in Task.objects.filter(state="t")]
-    tubes_base._due_checks.clear()  # as if the worker's due-timer probe interval had passed
+    tubes_claiming._due_checks.clear()  # as if the worker's due-timer probe interval had passed
     with CaptureQueriesContext(connection) as queries:
         acked, taken = tube.ack_and_take(held, 10, consumer="w")
     # (Django 5.2 captures BEGIN and COMMIT, 6.x not: the transaction is counted apart.)
@@ -161,7 +162,7 @@ def test_claim_later_gives_the_same_rows_as_instances_made_once():
     tasks = tube.tasks.all()
     kwargs = {
         "claimable": tube._claimable(),
-        "order_by": tube._order(),
+        "order_by": list(TAKE_ORDER),
         "changes": {"state": "t", "owner": "w"},
         "fetch": True,
     }

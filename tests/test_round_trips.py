@@ -17,7 +17,7 @@ from django_taskloop.backends import result_id_of
 from django_taskloop.engine import db_now, features
 from django_taskloop.exceptions import NotFound
 from django_taskloop.models import Task, TaskRecord, Tube
-from django_taskloop.models.tubes import base as tubes_base
+from django_taskloop.models.tubes import claiming as tubes_claiming
 
 from .workers_util import add
 
@@ -203,7 +203,7 @@ def test_a_workers_batch_acknowledges_and_claims_in_one_transaction(monkeypatch)
     real_atomic = transaction.Atomic.__enter__
     monkeypatch.setattr(transaction.Atomic, "__enter__", lambda self: opened.append(1) or real_atomic(self))
     # As if the worker's due-transition probe interval had passed: the probe is counted too.
-    tubes_base._due_checks.clear()
+    tubes_claiming._due_checks.clear()
     with CaptureQueriesContext(connection) as queries:
         acked, taken = tube.ack_and_take([t.pk for t in first], 100, consumer="w")
     assert acked == 100 and len(taken) == 100

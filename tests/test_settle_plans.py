@@ -20,7 +20,8 @@ from django.test.utils import CaptureQueriesContext
 
 from django_taskloop import engine
 from django_taskloop.models import Consumer, Task, Tube
-from django_taskloop.models.tubes import base as tubes_base
+from django_taskloop.models.tubes import claiming as tubes_claiming
+from django_taskloop.models.tubes import core as tubes_core
 from django_taskloop.models.tubes import worth_trying
 
 pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("settle-plans")]
@@ -75,7 +76,7 @@ def _busy_rows(django_db_setup: Any, django_db_blocker: Any) -> Iterator[tuple[i
     with django_db_blocker.unblock():
         # Unwatched: a callback another test left on a tube of the same id (SQLite reuses ids)
         # would send each task's settle on its own.
-        tubes_base._callbacks.clear()
+        tubes_core._callbacks.clear()
         tube = Tube.objects.create_tube("settle-plans", "fifottl")
         for start in range(0, READY, 5_000):
             tube.put_many(list(range(start, start + 5_000)))
@@ -89,12 +90,12 @@ def _busy_rows(django_db_setup: Any, django_db_blocker: Any) -> Iterator[tuple[i
 
 @pytest.fixture
 def busy_tube(_busy_rows: tuple[int, list[int]], db: Any) -> Iterator[tuple[Tube, list[int]]]:
-    tubes_base._callbacks.clear()
+    tubes_core._callbacks.clear()
     # Alive, as just after its take (the rows may have been written a while ago).
     Consumer.objects.filter(name="w1").update(last_seen=engine.DbNow())
     pk, taken = _busy_rows
     yield Tube.objects.get(pk=pk), taken
-    tubes_base._callbacks.clear()
+    tubes_core._callbacks.clear()
 
 
 def test_ack_many_deletes_by_primary_key(busy_tube):
@@ -159,7 +160,7 @@ def test_no_dead_consumer_no_look_at_the_taken_tasks(busy_tube, settings):
     """A take: the consumers are read first, on their own, and the taken tasks not at all."""
     settings.TASKLOOP = {**settings.TASKLOOP, "CONSUMER_TIMEOUT": 60}
     tube, taken = busy_tube
-    tubes_base._stale_checks.clear()  # as if a second had passed since this process looked
+    tubes_claiming._stale_checks.clear()  # as if a second had passed since this process looked
     with CaptureQueriesContext(connection) as queries:
         tube.take_many(5, consumer="w1")
     seen = [q["sql"] for q in queries.captured_queries]
@@ -173,7 +174,7 @@ def test_an_idle_poll_looks_at_the_taken_tasks_only_past_a_dead_consumer(busy_tu
     statement: with none, the look at the taken tasks is never executed."""
     settings.TASKLOOP = {**settings.TASKLOOP, "CONSUMER_TIMEOUT": 60}
     tube, taken = busy_tube
-    tubes_base._stale_checks.clear()
+    tubes_claiming._stale_checks.clear()
     with CaptureQueriesContext(connection) as queries:
         assert worth_trying([tube]) == {tube.pk: "ready"}
     (sql,) = [q["sql"] for q in queries.captured_queries if "taskloop_consumer" in q["sql"]]
@@ -191,9 +192,9 @@ def test_a_dead_consumers_tasks_are_still_found(busy_tube, settings):
     settings.TASKLOOP = {**settings.TASKLOOP, "CONSUMER_TIMEOUT": 60}
     tube, taken = busy_tube
     Consumer.objects.filter(name="w1").update(last_seen="2000-01-01T00:00:00Z")
-    tubes_base._stale_checks.clear()
+    tubes_claiming._stale_checks.clear()
     assert worth_trying([tube]) == {tube.pk: "due"}
-    tubes_base._stale_checks.clear()
+    tubes_claiming._stale_checks.clear()
     tube.take_many(1, consumer="w2")  # its tidy gives w1's tasks back first
     assert not Task.objects.filter(pk__in=taken, owner="w1").exists()
 

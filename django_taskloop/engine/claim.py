@@ -63,17 +63,29 @@ def claim(
     batches pay neither the ORM's query building nor a second round trip. ``claimable`` and
     ``changes`` may then be given as functions that build them, called only when needed.
 
-    ``later`` (with ``fetch``): return a :class:`Claimed`, whose instances the caller makes after
-    its commit: making them costs more than the claim, and on SQLite every writer waits meanwhile.
+    ``later`` (with ``fetch``): return a :class:`Claimed`, whose instances the caller makes
+    once its transaction has committed. Turning a batch of rows into instances costs more
+    than the statement that claimed them; on SQLite, every other writer waits while it
+    happens inside the transaction.
 
-    ``cursor`` (with ``fetch``): a consumer's :class:`~.cursor.ClaimCursor`; its position stands
-    on ``cursor_on``, the end of ``order_by`` that ``claimable`` pins to no one value (default:
-    ``order_by``). ``index``/``sub_index``: the indexes serving ``order_by`` and the subqueries,
-    hinted to MariaDB (``index`` when a claim starts from a cursor; :attr:`ClaimSpec.sub_index`).
+    ``cursor`` (with ``fetch``): a consumer's :class:`~.cursor.ClaimCursor` (see there); its
+    position stands on ``cursor_on``, the end of ``order_by`` that ``claimable`` pins to no
+    one value (an index range starts at a row comparison only there; default: ``order_by``).
+    ``index``: the name of the index that serves ``order_by``. A claim from a cursor's
+    position names it where the database takes hints (:attr:`Features.index_hint`): MariaDB
+    otherwise reads a long backlog after the position by the index's equal prefix from the
+    head, through every entry that purge has not removed yet.
+
+    ``sub_index``: the index serving the correlated subqueries of ``claimable`` on the claimed
+    table itself (Django's alias ``U0``: a keyed tube's "nothing of this key ahead"), hinted
+    where the database takes hints. MariaDB's optimizer, by statistics that a burst of puts
+    left stale, read the whole table once per candidate instead: 100–250 ms a claim of 100
+    from a keyed tube of 3,000 tasks, 2 ms hinted (as after an ANALYZE TABLE).
     """
     if limit <= 0:
         return Claimed([]) if later else []
-    # Beyond any table's size means "all"; more overflows SQL's LIMIT (64-bit, doubled below).
+    # A limit beyond any table's size means "all of them"; larger ones overflow SQL's LIMIT
+    # (a 64-bit integer, doubled below for the candidates) and fail inside the database.
     limit = min(limit, MAX_LIMIT)
     using = queryset.db
     resume = Resume(cursor if fetch else None, queryset, cursor_on or order_by)
@@ -394,11 +406,7 @@ class ClaimSpec:
     cursor_on: Sequence[str] | None = None
     #: The index that serves ``order_by`` (see :func:`claim`).
     index: str | None = None
-    #: The index that serves ``claimable``'s correlated subqueries on the claimed table itself
-    #: (Django's alias ``U0``: a keyed tube's "nothing of this key ahead"). MariaDB's optimizer,
-    #: by statistics that a burst of puts left stale, read the whole table once per candidate
-    #: for it: 100–250 ms a claim of 100 from a keyed tube of 3,000 tasks, 2 ms hinted (as
-    #: after an ANALYZE TABLE).
+    #: The index that serves ``claimable``'s subqueries on the same table (see :func:`claim`).
     sub_index: str | None = None
 
     def kept(self) -> bool:

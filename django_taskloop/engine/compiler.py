@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast, overload
 
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db import connections, transaction
@@ -29,8 +29,22 @@ Converters = list[tuple[int, list[Any], Any]]
 # -- sending ---------------------------------------------------------------------------------
 
 
+#: What :func:`send` and :func:`execute` return: a statement's rows, its first row, or its row count.
+Fetch = Literal["all", "one", "rowcount"]
+
+
+@overload
+def send(
+    connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: Literal["all"] = "all"
+) -> list[tuple[Any, ...]]: ...
+@overload
+def send(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: Literal["one"]) -> Any: ...
+@overload
+def send(
+    connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: Literal["rowcount"]
+) -> int: ...
 @async_unsafe
-def send(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: str = "all") -> Any:
+def send(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch: Fetch = "all") -> Any:
     """Send a kept statement on Django connection ``connection``; return ``fetch``: its rows
     (``"all"``), its first row (``"one"``) or its row count (``"rowcount"``).
 
@@ -61,7 +75,7 @@ def send(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any], fetch
         return _fetched(kept[1], fetch)
 
 
-def _fetched(cursor: Any, fetch: str) -> Any:
+def _fetched(cursor: Any, fetch: Fetch) -> Any:
     if fetch == "all":
         return cursor.fetchall()
     if fetch == "one":
@@ -69,7 +83,15 @@ def _fetched(cursor: Any, fetch: str) -> Any:
     return cursor.rowcount
 
 
-def execute(using: str, sql: str, params: Sequence[Any] = (), fetch: str = "all") -> Any:
+@overload
+def execute(
+    using: str, sql: str, params: Sequence[Any] = (), fetch: Literal["all"] = "all"
+) -> list[tuple[Any, ...]]: ...
+@overload
+def execute(using: str, sql: str, params: Sequence[Any], fetch: Literal["one"]) -> Any: ...
+@overload
+def execute(using: str, sql: str, params: Sequence[Any], fetch: Literal["rowcount"]) -> int: ...
+def execute(using: str, sql: str, params: Sequence[Any] = (), fetch: Fetch = "all") -> Any:
     """Send ``sql`` through ``connection.cursor()`` (seen by every query watcher); return as
     :func:`send` does."""
     with connections[using].cursor() as cursor:
@@ -204,7 +226,7 @@ def by_keys(queryset: QuerySet[Any], pks: Sequence[Any]) -> QuerySet[Any]:
     ``queryset``'s filter is checked on the rows they find, as ``(…) IS TRUE``, which no index
     can serve (see :class:`~.kept.Where`: a settle's few rows, never a claim index's range)."""
     model = queryset.model
-    keyed = model._base_manager.using(queryset.db).filter(pk__in=pks)
+    keyed: QuerySet[Any] = model._base_manager.using(queryset.db).filter(pk__in=pks)
     compiled = compile_where(queryset)
     if compiled is None:
         return keyed.none()

@@ -206,7 +206,7 @@ class MissingRows:
     """
 
     def __init__(
-        self, model: type[Model], using: str, fields: Sequence[Field], now: str | None = None
+        self, model: type[Model], using: str, fields: Sequence[Field[Any, Any]], now: str | None = None
     ) -> None:
         self.model, self.using = model, using
         connection = connections[using]

@@ -34,7 +34,8 @@ def keep(key: Hashable, build: Callable[[], T]) -> T:
     """The statement kept under ``key``; ``build()`` makes it the first time (``None``: this
     shape has no kept statement, and the caller takes the ORM's way)."""
     try:
-        return _kept[key]
+        kept: T = _kept[key]  # (what build() made under this key)
+        return kept
     except KeyError:
         pass
     value = build()

@@ -253,7 +253,8 @@ def to_datetime(value: Any) -> dt.datetime:
         value = parse_datetime(value)
     if settings.USE_TZ and timezone.is_naive(value):
         value = timezone.make_aware(value, dt.UTC)
-    return value
+    moment: dt.datetime = value
+    return moment
 
 
 def db_now(using: str = "default") -> dt.datetime:
@@ -269,7 +270,8 @@ def _now_sql(connection: Any) -> tuple[str, list[Any]]:
     method = getattr(DbNow(), f"as_{connection.vendor}", None)
     if method is None:
         raise NotImplementedError(f"django-taskloop does not support the {connection.vendor} database")
-    return method(None, connection)
+    sql: tuple[str, list[Any]] = method(None, connection)
+    return sql
 
 
 def data_files(using: str) -> list[str]:

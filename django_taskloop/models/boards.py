@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import uuid as uuid_module
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from asgiref.sync import sync_to_async
 from django.core.validators import RegexValidator
@@ -123,7 +123,15 @@ _RANKS = {member: rank for rank, member in enumerate(JobPriority)}
 _BY_RANK = {rank: member for member, rank in _RANKS.items()}
 
 
-class PriorityField(models.PositiveSmallIntegerField):
+if TYPE_CHECKING:
+    # django-stubs' fields are generic in what they are set to and what they give back; Django's
+    # own classes cannot be subscripted.
+    _RankField = models.PositiveSmallIntegerField[JobPriority | int | str, JobPriority]
+else:
+    _RankField = models.PositiveSmallIntegerField
+
+
+class PriorityField(_RankField):
     """A :class:`JobPriority` stored as its rank, so that the column sorts most urgent first."""
 
     description = "A job priority, stored as a small integer rank (0 = VERY_HIGH)"
@@ -226,7 +234,7 @@ def _keep_history(rows: list[Job], who: str, using: str) -> None:
 # -- boards ----------------------------------------------------------------------------------
 
 
-class JobBoardQuerySet(models.QuerySet):
+class JobBoardQuerySet(models.QuerySet["JobBoard"]):
     """Boards, and ``create_board``."""
 
     def create_board(self, name: str, if_not_exists: bool = False) -> JobBoard:
@@ -262,7 +270,7 @@ class JobBoardQuerySet(models.QuerySet):
 JobBoardManagerBase = models.Manager.from_queryset(JobBoardQuerySet)
 
 
-class JobBoardManager(JobBoardManagerBase):
+class JobBoardManager(JobBoardManagerBase["JobBoard"]):
     """Manager of :class:`JobBoard`: ``JobBoard.objects.create_board(name)``."""
 
 
@@ -308,8 +316,10 @@ class JobBoard(models.Model):
     def _locked_job(self, job: Any) -> Job | None:
         """Read ``job`` (live, on this board) under a row lock, with its claim's liveness."""
         job_uuid = _job_uuid(job)
+        # (django-stubs refuses an annotation named as an attribute the model declares, here
+        # Job.live_claim: typeddjango/django-stubs#2818.)
         return (
-            self._jobs()
+            self._jobs()  # type: ignore[no-redef]
             .select_for_update()
             .annotate(live_claim=_live_claim_flag())
             .filter(uuid=job_uuid)
@@ -349,7 +359,7 @@ class JobBoard(models.Model):
         priority = JobPriority.convert(priority)
         return self._post(name, details, priority)
 
-    def _post(self, name: str, details: dict[str, Any], priority: int) -> Job:
+    def _post(self, name: str, details: dict[str, Any], priority: JobPriority) -> Job:
         using = self._alias
 
         def work() -> Job:
@@ -421,7 +431,7 @@ class JobBoard(models.Model):
     def _claim_best(self, who: str, limit: int, expiry: float | None) -> list[Job]:
         if operating.is_paused("job", self.name, self._alias, fresh=False):
             return []
-        return engine.claim(
+        claimed: list[Job] = engine.claim(
             self._jobs(),
             limit=limit,
             # No candidate read: every claimer would read the same head of the queue, and all
@@ -440,6 +450,7 @@ class JobBoard(models.Model):
             },
             fetch=True,
         )
+        return claimed
 
     def abandon(self, job: Any, who: str) -> None:
         """Give up ``who``'s claim on ``job``: it is UNCLAIMED again, for anyone to claim."""
@@ -763,7 +774,7 @@ class JobBoard(models.Model):
 # -- jobs ------------------------------------------------------------------------------------
 
 
-class JobQuerySet(models.QuerySet):
+class JobQuerySet(models.QuerySet["Job"]):
     """Named states of jobs, read with the database's clock, and the upkeep the reaper runs.
 
     Every job on a board is in exactly one of :attr:`STATES`: ``unclaimed`` (never claimed, or
@@ -842,7 +853,7 @@ class JobQuerySet(models.QuerySet):
 JobManagerBase = models.Manager.from_queryset(JobQuerySet)
 
 
-class JobManager(JobManagerBase):
+class JobManager(JobManagerBase["Job"]):
     """Manager of :class:`Job`: ``reap_expired()``, ``prune_history()``, ``claimable()``."""
 
 
@@ -919,7 +930,8 @@ class Job(models.Model):
         row = self._read()
         if row is None or row["trashed"] or not row["claim_is_live"]:
             return None
-        return row["claimed_by"]
+        owner: str | None = row["claimed_by"]
+        return owner
 
     def expires_in(self) -> float:
         """Return the seconds left on the live claim, ``-1`` if it never expires, ``-2`` if none."""

@@ -18,7 +18,7 @@ _KIND_LENGTH = 100
 _NAME_LENGTH = 255
 
 
-class BoardEntityQuerySet(models.QuerySet):
+class BoardEntityQuerySet(models.QuerySet["BoardEntity"]):
     """Registered entities, alive or stale by their last heartbeat."""
 
     def stale(self, timeout: float | None = None) -> Self:
@@ -41,7 +41,7 @@ class BoardEntityQuerySet(models.QuerySet):
 BoardEntityManagerBase = models.Manager.from_queryset(BoardEntityQuerySet)
 
 
-class BoardEntityManager(BoardEntityManagerBase):
+class BoardEntityManager(BoardEntityManagerBase["BoardEntity"]):
     """Manager of :class:`BoardEntity`: ``stale()`` and ``alive()``."""
 
 

@@ -14,7 +14,7 @@ from ..validation import check_count, check_owner, check_seconds
 __all__ = ["Lockable", "LockableQuerySet", "LockableManager"]
 
 
-class LockableQuerySet(models.QuerySet):
+class LockableQuerySet(models.QuerySet[Any]):
     """Claim and release the rows of this queryset for an owner."""
 
     def claim(self, owner: str, limit: int, lock_for: float = 3600) -> list[Any]:
@@ -36,7 +36,7 @@ class LockableQuerySet(models.QuerySet):
         if not any(str(o).lstrip("-") in ("pk", self.model._meta.pk.name) for o in order):
             order.append("pk")
         claimable = Q(locked_by__isnull=True) | Q(lock_expires_at__lte=engine.DbNow()) | Q(locked_by=owner)
-        return engine.claim(
+        claimed: list[Any] = engine.claim(
             self,
             limit=limit,
             claimable=claimable,
@@ -44,6 +44,7 @@ class LockableQuerySet(models.QuerySet):
             changes={"locked_by": owner, "lock_expires_at": engine.DbNow(lock_for)},
             fetch=True,
         )
+        return claimed
 
     def release(self, owner: str | None = None) -> int:
         """Clear the lock of every locked row here (only ``owner``'s if given); return the count."""
@@ -75,7 +76,7 @@ class LockableQuerySet(models.QuerySet):
 LockableManagerBase = models.Manager.from_queryset(LockableQuerySet)
 
 
-class LockableManager(LockableManagerBase):
+class LockableManager(LockableManagerBase[Any]):
     """Manager of :class:`Lockable` models: ``claim``, ``release``, ``release_expired``."""
 
 

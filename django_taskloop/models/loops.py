@@ -84,7 +84,7 @@ class TaskLoopBase(ModelBase):
         return cls
 
 
-class TaskLoopQuerySet(models.QuerySet):
+class TaskLoopQuerySet(models.QuerySet[Any]):
     """doloop's verbs. Those that read or change existing rows honour the queryset's filters."""
 
     # -- helpers -------------------------------------------------------------------------
@@ -534,7 +534,7 @@ class TaskLoopQuerySet(models.QuerySet):
 TaskLoopManagerBase = models.Manager.from_queryset(TaskLoopQuerySet)
 
 
-class TaskLoopManager(TaskLoopManagerBase):
+class TaskLoopManager(TaskLoopManagerBase[Any]):
     """Manager of :class:`TaskLoop` models: ``add``, ``remove``, ``claim``, ``did``,
     ``unlock``, ``bump``, ``status`` and ``stats``; ``pause``/``resume``/``paused`` for workers."""
 

@@ -54,7 +54,8 @@ def _clean(text: str, limit: int | None = None) -> str:
 def _check_kind(kind: Any) -> str:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
-    return kind
+    known: str = kind
+    return known
 
 
 # -- failures ------------------------------------------------------------------------------------

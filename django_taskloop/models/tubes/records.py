@@ -10,19 +10,19 @@ from django.db.models import Count, Exists, OuterRef, Q, Sum
 
 from ... import engine
 from ...conf import setting
-from .common import (
-    _COLUMN,
-    _TAKE_ORDER,
+from .definitions import (
     BURIED,
     CALLS,
+    COLUMN,
     DELAYED,
     DONE,
     READY,
     STORED_STATES,
+    TAKE_ORDER,
     TAKEN,
     TASK_STATES,
-    _alive,
-    _expired,
+    alive_tasks,
+    expired_tasks,
 )
 
 #: The index of the claim order (ready tasks; MySQL/MariaDB: all tasks).
@@ -43,35 +43,36 @@ class TaskQuerySet(models.QuerySet["Task"]):
 
     def ready(self) -> TaskQuerySet:
         """Tasks a take may get (utube: if their sub-queue is free)."""
-        return self.filter(_alive(), state=READY)
+        return self.filter(alive_tasks(), state=READY)
 
     def taken(self) -> TaskQuerySet:
-        return self.filter(_alive(), state=TAKEN)
+        return self.filter(alive_tasks(), state=TAKEN)
 
     def delayed(self) -> TaskQuerySet:
-        return self.filter(_alive(), state=DELAYED)
+        return self.filter(alive_tasks(), state=DELAYED)
 
     def buried(self) -> TaskQuerySet:
-        return self.filter(_alive(), state=BURIED)
+        return self.filter(alive_tasks(), state=BURIED)
 
     def expired(self) -> TaskQuerySet:
         """Tasks past their ttl deadline, not removed yet (the next call on the tube does)."""
-        return self.filter(_expired())
+        return self.filter(expired_tasks())
 
     def overdue(self) -> TaskQuerySet:
         """Taken or delayed tasks whose ttr or delay ran out, not applied yet (the next call
         on the tube makes them ready)."""
-        return self.filter(_alive(), state__in=[TAKEN, DELAYED], event_at__lte=engine.DbNow())
+        return self.filter(alive_tasks(), state__in=[TAKEN, DELAYED], event_at__lte=engine.DbNow())
 
     def in_claim_order(self) -> TaskQuerySet:
         """These tasks in the order takes hand them out: priority, then id (put order)."""
-        return self.order_by(*_TAKE_ORDER)
+        return self.order_by(*TAKE_ORDER)
 
     def in_state(self, name: str) -> TaskQuerySet:
         """The tasks in state ``name``, one of :data:`TASK_STATES`."""
         if name not in TASK_STATES:
             raise ValueError(f"name must be one of {', '.join(TASK_STATES)}, not {name!r}")
-        return getattr(self, name)()
+        tasks: TaskQuerySet = getattr(self, name)()
+        return tasks
 
     def state_counts(self) -> dict[str, int]:
         """Return ``{state: number of tasks}`` for every name of :data:`TASK_STATES` (one read)."""
@@ -80,7 +81,7 @@ class TaskQuerySet(models.QuerySet["Task"]):
 
         def by_state(tasks: TaskQuerySet) -> Any:
             counted = tasks.order_by().values("state")
-            return counted.annotate(n=Count("pk"), expired=Count("pk", filter=_expired())).values_list(
+            return counted.annotate(n=Count("pk"), expired=Count("pk", filter=expired_tasks())).values_list(
                 "state", "n", "expired"
             )
 
@@ -190,7 +191,7 @@ class Task(models.Model):
         return {code: name for name, code in STORED_STATES.items()}.get(self.state, self.state)
 
 
-def _check_task_id(task_id: Any, name: str = "task_id") -> int:
+def check_task_id(task_id: Any, name: str = "task_id") -> int:
     if isinstance(task_id, Task):
         task_id = task_id.pk
     if isinstance(task_id, bool) or not isinstance(task_id, int):
@@ -202,13 +203,6 @@ def _check_task_id(task_id: Any, name: str = "task_id") -> int:
     return task_id
 
 
-def _check_task_ids(task_ids: Any) -> list[int]:
-    """Return one task id (or Task) or an iterable of them as a list without duplicates."""
-    if isinstance(task_ids, (int, Task)):
-        task_ids = [task_ids]
-    return list(dict.fromkeys(_check_task_id(t, "task_ids") for t in task_ids))
-
-
 def calls_from(sums: dict[str, int], rows: int) -> dict[str, int]:
     """Return ``statistics()["calls"]`` from a tube's summed counters and its number of tasks.
 
@@ -217,7 +211,7 @@ def calls_from(sums: dict[str, int], rows: int) -> dict[str, int]:
     by ``truncate`` (counted apart, since truncate changes no call counter). A put rolled back
     leaves no task, so no count either.
     """
-    calls = {name: sums[_COLUMN[name]] for name in CALLS if name != "put"}
+    calls = {name: sums[COLUMN[name]] for name in CALLS if name != "put"}
     calls["put"] = rows + sums["done"] + sums["truncated"]
     return {name: calls[name] for name in CALLS}
 
@@ -225,7 +219,7 @@ def calls_from(sums: dict[str, int], rows: int) -> dict[str, int]:
 class TubeStatQuerySet(models.QuerySet["TubeStat"]):
     def sums(self) -> dict[str, int]:
         """Sum the counter slots: every call counter but ``put``, ``done`` and ``truncated``."""
-        columns = [_COLUMN[name] for name in CALLS if name != "put"] + ["done", "truncated"]
+        columns = [COLUMN[name] for name in CALLS if name != "put"] + ["done", "truncated"]
         sums = self.aggregate(**{column: Sum(column) for column in columns})
         return {column: int(value or 0) for column, value in sums.items()}
 

@@ -1,40 +1,63 @@
-"""A tube's consumer verbs: take (and wait for) tasks, then ack, release or touch them."""
+"""A tube's consumer side: how a claim works, and what a consumer does with what it holds.
+
+A take (:meth:`TubeClaiming.take`, :meth:`~TubeClaiming.take_many`, a worker's
+:meth:`~TubeClaiming.ack_and_take`) runs :meth:`TubeClaiming._take`: it beats for its consumer
+(at most every few seconds per process, :meth:`~TubeClaiming._beat`), hands out nothing while
+the tube is paused, applies the transitions that are due (:meth:`~TubeClaiming._tidy_for_take`:
+a dead consumer's tasks about once a second, ended delays and ttrs), then claims through
+:func:`django_taskloop.engine.claim` what :meth:`~TubeClaiming._claim_spec` describes: the
+claimable rows (:meth:`~TubeClaiming._claimable`: ready and alive; for utube drivers only the
+head of each sub-queue), in the claim order, with the lease it writes (taken, the owner, one
+more attempt, the ttr deadline; utube: the sub-queue's ``taken_key``). Its counters are
+written in the same transaction, and a utube claim that the unique ``taken_key`` refuses is
+looked for again. A worker's batch first acknowledges what it finished, in the same
+transaction (on PostgreSQL in the same statement), and may start from its
+:class:`~django_taskloop.engine.ClaimCursor` instead of the head of the claim index.
+
+A take that waits registers a :class:`TubeWaiter` row (``drop`` refuses while there is one)
+and sleeps on :mod:`django_taskloop.wakeup` until a change wakes it (a put, a release, a kick,
+a resume: ``_wake``) or the clock may have made something ready; one read
+(:func:`worth_trying`) then says whether another try may find something. An idle worker asks the same read for all of its tubes at once.
+
+What a consumer holds it settles here too: :meth:`~TubeClaiming.ack` (and ``ack_many``),
+:meth:`~TubeClaiming.release`, :meth:`~TubeClaiming.touch` (a worker's heartbeat for its tasks
+in flight: ``touch_many``) and :meth:`~TubeClaiming.bury`.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import IntegrityError, connections, models
 from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+from django.db.models.functions import Concat, Least
 
 from ... import engine, wakeup
+from ...conf import setting
 from ...exceptions import NotFound, NotTaken, TaskloopError, TubeError
 from ...validation import (
+    MAX_SECONDS,
     check_count,
+    check_owner,
     check_seconds,
 )
 from .. import operating
-from .base import TubeBase, _callbacks, _stale_checks
-from .common import (
-    _BATCH_COUNTERS,
-    _STALE_CHECK_EVERY,
-    _TAKE_ORDER,
-    _WORKER_DUE_CHECK_EVERY,
+from .core import TubeCore, _callbacks
+from .definitions import (
+    BURIED,
     DELAYED,
     DONE,
     READY,
+    TAKE_ORDER,
     TAKEN,
-    _alive,
-    _check_consumer,
-    _check_timeout,
-    _slot,
-    _taken_deadline,
-    _taken_key,
-    _touched,
+    alive_tasks,
+    default_consumer,
+    slot,
 )
 from .records import (
     CLAIM_INDEX,
@@ -43,13 +66,115 @@ from .records import (
     Task,
     TubeStat,
     TubeWaiter,
-    _check_task_id,
-    _check_task_ids,
+    _beats,
+    check_task_id,
 )
+
+# -- per-process state ---------------------------------------------------------------------
+
+#: When this process last looked for dead consumers' tasks of each tube, by (database, tube id).
+_stale_checks: dict[tuple[str, int], float] = {}
+#: When a worker's batches of this process last probed each tube for ended delays and ttrs.
+_due_checks: dict[tuple[str, int], float] = {}
+
+
+def _reset_after_fork() -> None:
+    # A child is a new consumer: it must beat on its own, and check for the dead afresh.
+    _beats.clear()
+    _stale_checks.clear()
+    _due_checks.clear()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _forget_checks() -> None:
+    # The database's clock moved (a test's advance): what was not due when last looked may be
+    # now, and this process's consumers beat again on their next call (their last heartbeat is
+    # old on the moved clock: they are alive, not dead).
+    _beats.clear()
+    _stale_checks.clear()
+    _due_checks.clear()
+
+
+engine.on_clock_change(_forget_checks)
+
+
+# How often one process re-checks for dead consumers on its own takes (seconds); peek,
+# statistics, drop and the reaper always check.
+_STALE_CHECK_EVERY = 1.0
+# How often one process writes a consumer's heartbeat at most (seconds); at most a quarter of
+# CONSUMER_TIMEOUT, so that a consumer that takes is never near its death. A worker's heartbeat
+# thread beats too (every HEARTBEAT_INTERVAL), which spares its takes the write.
+_BEAT_EVERY = 5.0
+# How often a worker's batches probe for ended delays and ttrs (seconds); a plain take always does.
+_WORKER_DUE_CHECK_EVERY = 0.25
+# What a worker's batch adds to its counter slot (engine.delete_and_claim): takes are the
+# claimed rows, acks and done the deleted ones.
+_BATCH_COUNTERS = {"take": "claimed", "ack": "deleted", "done": "deleted"}
+
+
+# -- what a claim and a touch write (on the database's clock) -----------------------------
+
+
+def _touched(increment: float) -> dict[str, Any]:
+    """What a touch writes: ``increment`` more seconds of ttr, and every deadline moved by it."""
+    return {
+        "ttl_at": engine.Shifted(increment, F("ttl_at")),
+        "event_at": engine.Shifted(increment, F("event_at")),
+        "ttr": F("ttr") + increment,
+    }
+
+
+def _taken_deadline() -> Any:
+    """``min(now + ttr, ttl deadline)`` with NULL meaning infinite on either side."""
+    return Case(
+        When(ttr__isnull=True, then=F("ttl_at")),
+        When(ttl_at__isnull=True, then=engine.Shifted(F("ttr"))),
+        default=Least(engine.Shifted(F("ttr")), F("ttl_at")),
+        output_field=models.DateTimeField(),
+    )
+
+
+def _taken_key() -> Any:
+    """The value of ``taken_key`` for a taken utube task: unique per (tube, sub-queue)."""
+    return Case(
+        When(utube__isnull=True, then=Value("")),
+        default=Concat(Value("."), F("utube")),
+        output_field=models.CharField(),
+    )
+
+
+# -- argument checks -----------------------------------------------------------------------
+
+
+def _check_consumer(consumer: Any) -> str:
+    if consumer is None:
+        return default_consumer()
+    return check_owner(consumer, "consumer")
+
+
+def _check_timeout(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(
+            f"timeout must be an int or float number of seconds or None, not {type(timeout).__name__}"
+        )
+    if isinstance(timeout, float) and not math.isfinite(timeout):
+        raise ValueError(f"timeout must be finite (None waits forever), not {timeout!r}")
+    return min(max(0.0, float(timeout)), float(MAX_SECONDS))
+
+
+def _check_task_ids(task_ids: Any) -> list[int]:
+    """Return one task id (or Task) or an iterable of them as a list without duplicates."""
+    if isinstance(task_ids, (int, Task)):
+        task_ids = [task_ids]
+    return list(dict.fromkeys(check_task_id(t, "task_ids") for t in task_ids))
 
 
 def worth_trying(
-    tubes: Sequence[TubeConsuming], cursors: Mapping[int, engine.ClaimCursor | None] | None = None
+    tubes: Sequence[TubeClaiming], cursors: Mapping[int, engine.ClaimCursor | None] | None = None
 ) -> dict[int, str]:
     """Say, in one read, which of ``tubes`` (of one database) a take may find something in now.
 
@@ -58,11 +183,11 @@ def worth_trying(
     tube, a dead consumer holds a task: the take applies it first), else ``"ready"`` if
     something is claimable (the take may skip its own checks: ``_take(checked=True)``), else
     ``""``; always ``""`` for a paused tube. ``cursors``: ``{tube id: the consumer's claim
-    cursor}`` (see :meth:`TubeConsuming.take_many`): a tube's look starts where its takes do.
+    cursor}`` (see :meth:`TubeClaiming.take_many`): a tube's look starts where its takes do.
     """
     if not tubes:
         return {}
-    using = tubes[0]._using
+    using = tubes[0].using
     now = time.monotonic()
     stale: set[int] = set()
     whens = []
@@ -98,8 +223,9 @@ def worth_trying(
     return worth
 
 
-class TubeConsuming(TubeBase):
-    """A tube's consumer verbs (see :class:`Tube`)."""
+class TubeClaiming(TubeCore):
+    """A tube's consumer side: take (and wait for) tasks, then ack, release, touch or bury
+    them (see the module's text, and :class:`Tube`)."""
 
     class Meta:
         abstract = True
@@ -125,7 +251,7 @@ class TubeConsuming(TubeBase):
         ``cursor``: see :meth:`take_many`."""
         timeout = _check_timeout(timeout)
         consumer = _check_consumer(consumer)
-        using = self._using
+        using = self.using
         if (timeout is None or timeout > 0) and connections[using].in_atomic_block:
             raise TaskloopError(
                 "take(timeout > 0) cannot wait inside a transaction: it would never see the commit "
@@ -143,11 +269,11 @@ class TubeConsuming(TubeBase):
         """``take(timeout)``; a worker passes ``stop``, which ends the wait when it says so. A
         worker's tries are each bounded (``engine.bounded``): a server that hangs is met as one
         that went away, not waited on for as long as it hangs."""
-        using = self._using
+        using = self.using
         step = (lambda: engine.bounded(using)) if stop is not None else contextlib.nullcontext
         end = None if timeout is None else time.monotonic() + timeout
         with step():
-            tasks = self._take(1, consumer, cursor=cursor)
+            tasks: list[Task] = self._take(1, consumer, cursor=cursor)
         if tasks or timeout == 0:
             return tasks[0] if tasks else None
         waiter = wakeup.Waiter(using, self.pk)
@@ -203,7 +329,7 @@ class TubeConsuming(TubeBase):
             due.append(Q(Exists(dead)) & Q(Exists(tasks.filter(state=TAKEN, owner__in=dead.values("name")))))
         paused = operating.PausedQueue.objects.filter(kind="task", queue=self.name)
         this = Q(pk=self.pk) & ~Q(Exists(paused))
-        after = resume.condition(self._using) if resume is not None else None
+        after = resume.condition(self.using) if resume is not None else None
         ready = this & Q(Exists(tasks.filter(self._claimable(), *([after] if after is not None else []))))
         return (this & Q(*due, _connector=Q.OR) if due else None), ready
 
@@ -230,12 +356,13 @@ class TubeConsuming(TubeBase):
         such a look takes. Not for utube tubes, whose claimable tasks lie behind.
         """
         limit = check_count(limit, "limit", minimum=1)
-        return self._take(limit, _check_consumer(consumer), checked=bool(checked), cursor=cursor)
+        tasks: list[Task] = self._take(limit, _check_consumer(consumer), checked=bool(checked), cursor=cursor)
+        return tasks
 
     def _claimable(self) -> Q:
         claimable = Q(state=READY)
         if self._has_ttl:
-            claimable &= _alive()
+            claimable &= alive_tasks()
         else:
             # fifo/utube tasks all have pri 0: saying so lets the (tube, state, pri, id) index
             # serve the id order.
@@ -245,7 +372,7 @@ class TubeConsuming(TubeBase):
             # one comes before it. Two consumers then aim at the same row (one wins under
             # SKIP LOCKED) instead of at two rows of one sub-queue, which the unique
             # taken_key would refuse only after one waited for the other's commit.
-            alive = _alive() if self._has_ttl else Q()
+            alive = alive_tasks() if self._has_ttl else Q()
             before = Q(pri__lt=OuterRef("pri")) | Q(pri=OuterRef("pri"), id__lt=OuterRef("id"))
             ahead = Q(state=TAKEN) | Q(alive, before, state=READY)
             siblings = Task.objects.filter(tube_id=self.pk)
@@ -257,12 +384,7 @@ class TubeConsuming(TubeBase):
     def _cursor_on(self) -> list[str]:
         """The columns of the claim order that a claim cursor stands on: fifo's claims pin pri
         to 0, and the index range starts at the id."""
-        return list(_TAKE_ORDER) if self._has_ttl else ["id"]
-
-    def _order(self) -> list[str]:
-        # fifo/utube tasks all have pri 0, so this is their id order; saying pri too lets the
-        # claim index serve it (PostgreSQL would otherwise walk the primary key and filter).
-        return list(_TAKE_ORDER)
+        return list(TAKE_ORDER) if self._has_ttl else ["id"]
 
     def ack_and_take(
         self,
@@ -279,7 +401,10 @@ class TubeConsuming(TubeBase):
         ids = _check_task_ids(task_ids)
         limit = check_count(limit, "limit")
         consumer = _check_consumer(consumer)
-        return self._take(limit, consumer, ack=ids, due_every=_WORKER_DUE_CHECK_EVERY, cursor=cursor)
+        both: tuple[int, list[Task]] = self._take(
+            limit, consumer, ack=ids, due_every=_WORKER_DUE_CHECK_EVERY, cursor=cursor
+        )
+        return both
 
     def _take(
         self,
@@ -290,11 +415,11 @@ class TubeConsuming(TubeBase):
         checked: bool = False,
         cursor: engine.ClaimCursor | None = None,
     ) -> Any:
-        """Take up to ``limit`` tasks; with ``ack``, first finish those (and return both).
-        ``checked``: a read of worth_trying() just found the tube not paused and nothing due,
-        so neither needs another look."""
+        """Take up to ``limit`` tasks and return them (a list); with ``ack``, first finish those
+        and return both (``(acknowledged, taken)``). ``checked``: a read of worth_trying() just
+        found the tube not paused and nothing due, so neither needs another look."""
         self._beat(consumer)
-        if not limit or (not checked and operating.is_paused("task", self.name, self._using, fresh=False)):
+        if not limit or (not checked and operating.is_paused("task", self.name, self.using, fresh=False)):
             # Paused: hand out nothing (a waiting take keeps waiting, polling the pause).
             if ack is None:
                 self._ensure_exists()
@@ -303,7 +428,7 @@ class TubeConsuming(TubeBase):
         if not checked:
             self._tidy_for_take(due_every)
         spec = self._claim_spec(limit, consumer, cursor).prepared()
-        watched = (self._using, self.pk) in _callbacks
+        watched = (self.using, self.pk) in _callbacks
         if ack and not watched:
             # PostgreSQL: the acknowledgement, the claim and the counters as one statement.
             together = self._ack_and_claim_at_once(spec, ack, consumer)
@@ -333,7 +458,7 @@ class TubeConsuming(TubeBase):
             self._tasks(),
             limit=limit,
             claimable=self._claimable,
-            order_by=self._order(),
+            order_by=list(TAKE_ORDER),
             changes=changes,
             key=self._kept_key("take", consumer),
             direct=limit > 1,
@@ -354,7 +479,7 @@ class TubeConsuming(TubeBase):
             ack,
             where=lambda: self._held(consumer),
             delete_key=self._kept_key("held", consumer),
-            counters=(TubeStat, {"tube_id": self.pk, "slot": _slot(self._using)}, _BATCH_COUNTERS),
+            counters=(TubeStat, {"tube_id": self.pk, "slot": slot(self.using)}, _BATCH_COUNTERS),
         )
         if together is None:
             return None
@@ -399,9 +524,48 @@ class TubeConsuming(TubeBase):
             return tasks if ack is None else (acked, tasks)
         return [] if ack is None else (self.ack_many(ack, consumer), [])
 
+    # -- before a claim --------------------------------------------------------------------
+
+    def _beat(self, consumer: str, register: bool = True) -> None:
+        """Record that ``consumer`` is alive, unless this process did so lately (see _BEAT_EVERY).
+
+        ``register=False`` (ack, release, touch and their batches) only refreshes a consumer
+        already known: one with no row holds no task, so the call will do nothing for it, and
+        a refused call must leave no row behind.
+        """
+        every = min(_BEAT_EVERY, float(setting("CONSUMER_TIMEOUT")) / 4)
+        if time.monotonic() - _beats.get((self.using, consumer), -math.inf) < every:
+            return
+        Consumer.objects.using(self.using).beat(consumer, register=register)
+
+    def _tidy_for_take(self, every: float = 0.0) -> None:
+        """Before a take: apply due transitions if there are any (one cheap indexed read).
+
+        ``every``: probe for ended delays and ttrs at most that often per process (a worker's
+        batches: the clock's transitions need to show within a second, not within a batch).
+        """
+        key = (self.using, self.pk)
+        now = time.monotonic()
+        stale = now - _stale_checks.get(key, -math.inf) >= _STALE_CHECK_EVERY
+        if stale:
+            _stale_checks[key] = now
+            # Usually no consumer is dead: then no look at the taken tasks at all (a range that
+            # a transaction held open elsewhere fills with dead index entries).
+            dead = Consumer.objects.using(self.using).dead_names()
+            if dead and self._tasks().filter(state=TAKEN, owner__in=dead).exists():
+                self.tidy(stale=True)
+                return
+        if not self._has_ttl or (every and now - _due_checks.get(key, -math.inf) < every):
+            return
+        _due_checks[key] = now
+        if self._tasks().filter(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow()).exists():
+            self.tidy(stale=False)
+
+    # -- what a consumer holds: ack, release, touch, bury -------------------------------------
+
     def ack(self, task_id: int, consumer: str | None = None) -> Task:
         """Finish the task ``consumer`` holds: remove it and return it with state ``"-"``."""
-        task_id = _check_task_id(task_id)
+        task_id = check_task_id(task_id)
         consumer = _check_consumer(consumer)
         self._beat(consumer, register=False)
 
@@ -457,7 +621,7 @@ class TubeConsuming(TubeBase):
 
     def _ack_rows(self, ids: list[int], consumer: str) -> int:
         """Delete the tasks of ``ids`` that ``consumer`` holds (in the current transaction)."""
-        if (self._using, self.pk) not in _callbacks:
+        if (self.using, self.pk) not in _callbacks:
             # The hot path of a worker's batches: one DELETE whose filter is compiled once.
             return engine.delete_pks(
                 self._tasks(),
@@ -467,7 +631,7 @@ class TubeConsuming(TubeBase):
             )
         held = self._held(consumer)
         total = 0
-        for chunk in engine.batched(ids, self._using):
+        for chunk in engine.batched(ids, self.using):
             tasks = list(engine.by_keys(self._tasks().filter(held), chunk).select_for_update())
             total += engine.delete_rows(engine.by_keys(self._tasks(), [t.pk for t in tasks]))
             for task in tasks:
@@ -477,7 +641,7 @@ class TubeConsuming(TubeBase):
 
     def release(self, task_id: int, delay: float | None = None, consumer: str | None = None) -> Task:
         """Give back the task ``consumer`` holds: ready again, or delayed by ``delay`` seconds."""
-        task_id = _check_task_id(task_id)
+        task_id = check_task_id(task_id)
         delay = check_seconds(delay, "delay", allow_none=True)
         consumer = _check_consumer(consumer)
         self._beat(consumer, register=False)
@@ -492,7 +656,7 @@ class TubeConsuming(TubeBase):
                 changes["ttl_at"] = engine.Shifted(delay, F("ttl_at"))
             self._tasks().filter(pk=task.pk).update(**changes)
             self._count(release=1)
-            task.refresh_from_db(using=self._using)
+            task.refresh_from_db(using=self.using)
             if task.state == READY:
                 self._wake()
             self._emit(task, "release")
@@ -511,7 +675,7 @@ class TubeConsuming(TubeBase):
 
         def work() -> int:
             total = 0
-            for chunk in engine.batched(ids, self._using):
+            for chunk in engine.batched(ids, self.using):
                 tasks = list(engine.by_keys(self._tasks().filter(held), chunk).select_for_update())
                 total += engine.by_keys(self._tasks(), [t.pk for t in tasks]).update(
                     state=READY, owner=None, taken_key=None, event_at=None
@@ -533,7 +697,7 @@ class TubeConsuming(TubeBase):
 
         ``None``, 0 or a negative increment returns the task unchanged (no ownership check).
         """
-        task_id = _check_task_id(task_id)
+        task_id = check_task_id(task_id)
         increment = check_seconds(increment, "increment", allow_none=True)
         consumer = _check_consumer(consumer)
         if not increment or increment <= 0:
@@ -546,7 +710,7 @@ class TubeConsuming(TubeBase):
                 raise TubeError(f"{self.type} tube does not support touch")
             self._tasks().filter(pk=task.pk).update(**_touched(increment))
             self._count(touch=1)
-            task.refresh_from_db(using=self._using)
+            task.refresh_from_db(using=self.using)
             self._emit(task, "touch")
             return task
 
@@ -571,7 +735,7 @@ class TubeConsuming(TubeBase):
         alone. Return how many were touched."""
         if not task_ids or not self._has_ttl:
             return 0
-        if (self._using, self.pk) in _callbacks:
+        if (self.using, self.pk) in _callbacks:
             # Watched: each touch is told, with the task as it is after it.
             touched = 0
             for task_id in task_ids:
@@ -587,9 +751,35 @@ class TubeConsuming(TubeBase):
         def work() -> int:
             touched = sum(
                 engine.by_keys(self._tasks().filter(held), chunk).update(**_touched(increment))
-                for chunk in engine.batched(task_ids, self._using)
+                for chunk in engine.batched(task_ids, self.using)
             )
             self._count(touch=touched)
             return touched
 
         return self._run(work, lock_first=False, pin=True)
+
+    def _owned(self, task_id: int, consumer: str) -> Task:
+        """Return the locked task if ``consumer`` holds it; else raise (NotFound first)."""
+        row = self._row(task_id, lock=True)
+        if row is None or row.state != TAKEN or row.owner != consumer:
+            self._ensure_exists()
+            raise NotTaken(f"task {task_id} is not taken by consumer {consumer!r}")
+        return row
+
+    def bury(self, task_id: int) -> Task:
+        """Bury the task (any state, no ownership needed) and return it."""
+        task_id = check_task_id(task_id)
+
+        def work() -> Task:
+            task = self._existing(task_id, lock=True)
+            if task.state == BURIED:
+                return task
+            self._tasks().filter(pk=task.pk).update(state=BURIED, owner=None, taken_key=None, event_at=None)
+            self._count(bury=1)
+            task.state, task.owner, task.taken_key, task.event_at = BURIED, None, None, None
+            if self._is_utube:
+                self._wake()  # its sub-queue may be free now
+            self._emit(task, "bury")
+            return task
+
+        return self._run(work)

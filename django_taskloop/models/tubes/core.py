@@ -1,25 +1,31 @@
-"""What every tube verb stands on: the tube's fields, its helpers and its time-driven transitions."""
+"""The core of a tube, what both of its sides stand on: its row, the helpers every verb uses
+(its tasks, its transaction, its counters, its events and wake-ups), a task as it is now
+(``peek``), and the tube's time-driven transitions (``tidy``).
+
+Its two sides are :class:`~.claiming.TubeClaiming` (a consumer's verbs: take, ack, release,
+touch, bury) and :class:`~.operating.TubeOperating` (a producer's and an operator's: put, kick,
+pause, delete, drop, statistics); :class:`~.tube.Tube` is both. What they use of the core is
+its fields, :attr:`TubeCore.using`, ``peek``, ``tidy``, ``on_task_change`` and these helpers:
+``_has_ttl`` and ``_is_utube`` (the driver), ``_tasks`` (the tube's tasks), ``_run`` (a write
+transaction), ``_count`` (the counters), ``_emit`` and ``_wake`` (a change's event and wake-up),
+``_gone`` and ``_ensure_exists`` (a dropped tube), ``_row`` and ``_existing`` (a task as it is
+now), and ``_callbacks`` (whether this process watches a tube's changes).
+"""
 
 from __future__ import annotations
 
 import copy
-import math
-import os
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import models, transaction
 from django.db.models import Q
 
 from ... import engine, wakeup
-from ...conf import setting
-from ...exceptions import NotFound, NotTaken
-from .common import (
-    _BEAT_EVERY,
-    _COLUMN,
-    _STALE_CHECK_EVERY,
+from ...exceptions import NotFound
+from .definitions import (
     BURIED,
+    COLUMN,
     DELAYED,
     DONE,
     READY,
@@ -28,43 +34,22 @@ from .common import (
     TTL_TYPES,
     TUBE_TYPES,
     UTUBE_TYPES,
-    _slot,
+    slot,
 )
-from .records import Consumer, Task, TaskQuerySet, TubeStat, _beats, _check_task_id
+from .records import Consumer, Task, TaskQuerySet, TubeStat, check_task_id
+
+T = TypeVar("T")
 
 # -- per-process state ---------------------------------------------------------------------
 
+#: Each tube's ``on_task_change`` callback, by (database, tube id).
 _callbacks: dict[tuple[str, int], Callable[[Task, str], Any]] = {}
-_stale_checks: dict[tuple[str, int], float] = {}
-_due_checks: dict[tuple[str, int], float] = {}
-#: Each tube's base queryset of its tasks, by (database, tube id) (see Tube._tasks).
+#: Each tube's base queryset of its tasks, by (database, tube id) (see TubeCore._tasks).
 _task_querysets: dict[tuple[str, int], TaskQuerySet] = {}
 
 
-def _reset_after_fork() -> None:
-    # A child is a new consumer: it must beat on its own, and check for the dead afresh.
-    _beats.clear()
-    _stale_checks.clear()
-    _due_checks.clear()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-def _forget_checks() -> None:
-    # The database's clock moved (a test's advance): what was not due when last looked may be
-    # now, and this process's consumers beat again on their next call (their last heartbeat is
-    # old on the moved clock: they are alive, not dead).
-    _beats.clear()
-    _stale_checks.clear()
-    _due_checks.clear()
-
-
-engine.on_clock_change(_forget_checks)
-
-
-class TubeBase(models.Model):
-    """A tube's row and the helpers of its verbs (see :class:`Tube`)."""
+class TubeCore(models.Model):
+    """A tube's row, the helpers of its verbs and its time-driven transitions (see :class:`Tube`)."""
 
     name = models.CharField(max_length=100, unique=True)
     type = models.CharField(max_length=10, choices=[(t, t) for t in TUBE_TYPES])
@@ -80,10 +65,6 @@ class TubeBase(models.Model):
         return f"{self.name} ({self.type})"
 
     # -- helpers ---------------------------------------------------------------------------
-
-    @property
-    def _using(self) -> str:
-        return self._state.db or "default"
 
     @property
     def using(self) -> str:
@@ -102,7 +83,7 @@ class TubeBase(models.Model):
         """This tube's tasks: a fresh queryset each call (``all()`` of one built once; a
         worker's batches ask for it twice each, and building the filter costs more than
         the statements it names)."""
-        key = (self._using, self.pk)
+        key = (self.using, self.pk)
         base = _task_querysets.get(key)
         if base is None:
             if len(_task_querysets) >= 1024:
@@ -112,7 +93,7 @@ class TubeBase(models.Model):
         return base.all()
 
     def _exists(self) -> bool:
-        return type(self)._default_manager.using(self._using).filter(pk=self.pk).exists()
+        return type(self)._default_manager.using(self.using).filter(pk=self.pk).exists()
 
     def _gone(self) -> NotFound:
         return NotFound(f"tube {self.name!r} does not exist (dropped?)")
@@ -121,61 +102,64 @@ class TubeBase(models.Model):
         if not self._exists():
             raise self._gone()
 
-    def _run(self, work: Callable[[], Any], lock_first: bool = True, pin: bool = False) -> Any:
+    def _run(self, work: Callable[[], T], lock_first: bool = True, pin: bool = False) -> T:
         """Run ``work`` in a write transaction, retrying deadlocks when outermost (the engine
         retries the whole transaction, claim and counters, once per deadlock: one layer).
 
         ``lock_first=False``: ``work``'s first statement writes (see ``engine.write_transaction``).
         ``pin``: ``work`` claims or settles tasks by the batch (see ``engine.run_in_transaction``).
         """
-        return engine.run_in_transaction(Task, self._using, work, lock_first=lock_first, pin=pin)
+        return engine.run_in_transaction(Task, self.using, work, lock_first=lock_first, pin=pin)
 
     def _count(self, **deltas: int) -> None:
         """Add ``deltas`` to this process's counter slot, in the current transaction."""
-        deltas = {_COLUMN.get(k, k): n for k, n in deltas.items() if n}
+        deltas = {COLUMN.get(k, k): n for k, n in deltas.items() if n}
         if not deltas:
             return
-        slot = {"tube_id": self.pk, "slot": _slot(self._using)}
-        if engine.add_to(TubeStat, self._using, slot, deltas):
+        mine = {"tube_id": self.pk, "slot": slot(self.using)}
+        if engine.add_to(TubeStat, self.using, mine, deltas):
             return
         # No slot rows: the tube was dropped, or made without create_tube (admin, fixtures).
         self._ensure_exists()
-        TubeStat.objects.using(self._using).bulk_create(
+        TubeStat.objects.using(self.using).bulk_create(
             [TubeStat(tube_id=self.pk, slot=s) for s in range(SLOTS)], ignore_conflicts=True
         )
-        engine.add_to(TubeStat, self._using, slot, deltas)
+        engine.add_to(TubeStat, self.using, mine, deltas)
 
     def _emit(self, task: Task, event: str) -> None:
-        callback = _callbacks.get((self._using, self.pk))
+        callback = _callbacks.get((self.using, self.pk))
         if callback is None:
             return
         snapshot = copy.copy(task)
-        transaction.on_commit(lambda: callback(snapshot, event), using=self._using)
+        transaction.on_commit(lambda: callback(snapshot, event), using=self.using)
 
     def _wake(self) -> None:
         """Tell waiting consumers (here at commit, elsewhere via NOTIFY) that a task is ready."""
-        using, pk = self._using, self.pk
+        using, pk = self.using, self.pk
         wakeup.send_notify(using, pk)
         transaction.on_commit(lambda: wakeup.notify(using, pk), using=using)
 
-    def _beat(self, consumer: str, register: bool = True) -> None:
-        """Record that ``consumer`` is alive, unless this process did so lately (see _BEAT_EVERY).
+    def on_task_change(
+        self, callback: Callable[[Task, str], Any] | None
+    ) -> Callable[[Task, str], Any] | None:
+        """Call ``callback(task, event)`` after each committed change made by this process;
+        return the previous callback. ``None`` clears it."""
+        if callback is not None and not callable(callback):
+            raise TypeError("callback must be callable or None")
+        key = (self.using, self.pk)
+        previous = _callbacks.get(key)
+        if callback is None:
+            _callbacks.pop(key, None)
+        else:
+            _callbacks[key] = callback
+        return previous
 
-        ``register=False`` (ack, release, touch and their batches) only refreshes a consumer
-        already known: one with no row holds no task, so the call will do nothing for it, and
-        a refused call must leave no row behind.
-        """
-        every = min(_BEAT_EVERY, float(setting("CONSUMER_TIMEOUT")) / 4)
-        if time.monotonic() - _beats.get((self._using, consumer), -math.inf) < every:
-            return
-        Consumer.objects.using(self._using).beat(consumer, register=register)
+    # -- a task as it is now ---------------------------------------------------------------
 
-    def _due(self, stale: bool = True) -> Q:
-        """Rows with a transition due now (a delay, ttr or ttl ran out, or the holder died)."""
-        due = Q(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow())
-        if stale:
-            due |= Q(state=TAKEN, owner__in=Consumer.objects.using(self._using).dead().values("name"))
-        return due | Q(state__in=[READY, BURIED], ttl_at__lte=engine.DbNow())
+    def peek(self, task_id: int) -> Task:
+        """Return the task as it is now; :class:`NotFound` if there is none."""
+        task_id = check_task_id(task_id)
+        return self._existing(task_id, lock=False)
 
     def _existing(self, task_id: int, *, lock: bool) -> Task:
         """Return the task as it is now; :class:`NotFound` (or the tube's own) if there is none."""
@@ -194,22 +178,21 @@ class TubeBase(models.Model):
             row = rows.annotate(
                 _is_due=models.ExpressionWrapper(self._due(), output_field=models.BooleanField())
             ).first()
-            if row is None or not row._is_due:
+            if row is None or not row.__dict__["_is_due"]:
                 if row is not None:
-                    del row._is_due
+                    del row.__dict__["_is_due"]
                 return row
             self.tidy()
         return row
 
-    def _owned(self, task_id: int, consumer: str) -> Task:
-        """Return the locked task if ``consumer`` holds it; else raise (NotFound first)."""
-        row = self._row(task_id, lock=True)
-        if row is None or row.state != TAKEN or row.owner != consumer:
-            self._ensure_exists()
-            raise NotTaken(f"task {task_id} is not taken by consumer {consumer!r}")
-        return row
-
     # -- time-driven transitions -----------------------------------------------------------
+
+    def _due(self, stale: bool = True) -> Q:
+        """Rows with a transition due now (a delay, ttr or ttl ran out, or the holder died)."""
+        due = Q(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow())
+        if stale:
+            due |= Q(state=TAKEN, owner__in=Consumer.objects.using(self.using).dead().values("name"))
+        return due | Q(state__in=[READY, BURIED], ttl_at__lte=engine.DbNow())
 
     def tidy(self, stale: bool = True) -> dict[str, int]:
         """Apply this tube's due transitions now; return the counts per kind.
@@ -250,7 +233,7 @@ class TubeBase(models.Model):
         )
         dead_held: list[Task] = []
         if stale:
-            dead = Consumer.objects.using(self._using).dead().values("name")
+            dead = Consumer.objects.using(self.using).dead().values("name")
             dead_held = engine.lock_free(
                 tasks.filter(state=TAKEN, owner__in=dead).exclude(pk__in=[t.pk for t in back]).order_by("pk")
             )
@@ -281,46 +264,3 @@ class TubeBase(models.Model):
                 self._emit(task, "delete")
                 self._emit(task, "ttl")
         return len(expired)
-
-    def _tidy_for_take(self, every: float = 0.0) -> None:
-        """Before a take: apply due transitions if there are any (one cheap indexed read).
-
-        ``every``: probe for ended delays and ttrs at most that often per process (a worker's
-        batches: the clock's transitions need to show within a second, not within a batch).
-        """
-        key = (self._using, self.pk)
-        now = time.monotonic()
-        stale = now - _stale_checks.get(key, -math.inf) >= _STALE_CHECK_EVERY
-        if stale:
-            _stale_checks[key] = now
-            # Usually no consumer is dead: then no look at the taken tasks at all (a range that
-            # a transaction held open elsewhere fills with dead index entries).
-            dead = Consumer.objects.using(self._using).dead_names()
-            if dead and self._tasks().filter(state=TAKEN, owner__in=dead).exists():
-                self.tidy(stale=True)
-                return
-        if not self._has_ttl or (every and now - _due_checks.get(key, -math.inf) < every):
-            return
-        _due_checks[key] = now
-        if self._tasks().filter(state__in=[DELAYED, TAKEN], event_at__lte=engine.DbNow()).exists():
-            self.tidy(stale=False)
-
-    def peek(self, task_id: int) -> Task:
-        """Return the task as it is now; :class:`NotFound` if there is none."""
-        task_id = _check_task_id(task_id)
-        return self._existing(task_id, lock=False)
-
-    def on_task_change(
-        self, callback: Callable[[Task, str], Any] | None
-    ) -> Callable[[Task, str], Any] | None:
-        """Call ``callback(task, event)`` after each committed change made by this process;
-        return the previous callback. ``None`` clears it."""
-        if callback is not None and not callable(callback):
-            raise TypeError("callback must be callable or None")
-        key = (self._using, self.pk)
-        previous = _callbacks.get(key)
-        if callback is None:
-            _callbacks.pop(key, None)
-        else:
-            _callbacks[key] = callback
-        return previous
