@@ -4,6 +4,10 @@ Stopping is two-stage, as in django-tasks: the first SIGTERM/SIGINT stops claimi
 work in hand finish within ``TASKLOOP["GRACE_PERIOD"]`` seconds, then gives back whatever is
 left; a second signal (or the end of the grace period) interrupts the handler and gives
 everything back at once.
+
+The :class:`Worker` runs rounds and idles between them. Its parts: :mod:`.stop` (the stop
+signals), :mod:`.running` (a batch's life), :mod:`.settling` (acknowledgements, failures, what
+goes back), :mod:`.heartbeat` (the heartbeat thread) and :mod:`.holdings` (what they share).
 """
 
 from __future__ import annotations
