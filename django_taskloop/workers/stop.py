@@ -35,8 +35,8 @@ class Stop:
     """Whether, and how hard, the worker ``identity`` is stopping; read by its every thread.
 
     A stop signal sets :attr:`stopping` (then nothing new starts), a second one or the end of
-    the grace period :attr:`aborting` too; a supervised child also stops when its supervisor
-    is gone (:meth:`supervisor_gone`)."""
+    the grace period :attr:`aborting` too. A supervised child's loop also ends when its
+    supervisor is gone (:meth:`supervisor_gone`)."""
 
     def __init__(self, identity: str, *, supervised: bool = False) -> None:
         self.identity = identity
