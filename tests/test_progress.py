@@ -132,19 +132,19 @@ def test_a_thousand_reports_over_four_seconds_make_four_writes_and_each_renews_t
     WorkerProcess.objects.beat(worker.identity, host="here", pid=1, queues=["task:p-tube"], holding={})
     driver.tube.put({"n": 1})
     [task] = driver.claim(1)
-    worker.inflight[driver] = [task]  # what the batch holds (the heartbeat renews it)
+    worker.holdings.inflight[driver] = [task]  # what the batch holds (the heartbeat renews it)
     clock = Clock()
-    worker.progress = progress.Board(key, clock=clock)
+    worker.heart.progress = progress.Board(key, clock=clock)
     deadline = Task.objects.get(pk=task.id).event_at
     rounds, reporting = 0, 0
-    with worker.progress.running(driver, task):
+    with worker.heart.progress.running(driver, task):
         for n in range(1000):
             clock.now += 1 / 256  # 3.9 s in all (a step that adds up exactly)
             with CaptureQueriesContext(connection) as queries:
                 progress.report(n / 1000, f"file {n} of 1000")
             reporting += len(queries.captured_queries)
             with CaptureQueriesContext(connection) as queries:
-                worker.write_progress()  # the heartbeat's chore, called as often as can be
+                worker.heart.write_progress()  # the heartbeat's chore, called as often as can be
             rounds += bool(queries.captured_queries)
             if queries.captured_queries:
                 sql = " ".join(q["sql"] for q in queries.captured_queries)
@@ -152,7 +152,7 @@ def test_a_thousand_reports_over_four_seconds_make_four_writes_and_each_renews_t
         [written] = running_progress("task", "p-tube", task.id)
         assert written.message == "file 768 of 1000" and written.worker == worker.identity
         clock.now += 1
-        worker.write_progress()  # the latest value, on the next allowed write
+        worker.heart.write_progress()  # the latest value, on the next allowed write
         [written] = running_progress("task", "p-tube", task.id)
         assert (written.fraction, written.message) == (0.999, "file 999 of 1000")
         assert running_progress("task", "p-tube", task.id + 1) == []
@@ -162,7 +162,7 @@ def test_a_thousand_reports_over_four_seconds_make_four_writes_and_each_renews_t
     assert Task.objects.get(pk=task.id).event_at > deadline  # the lease moved forward
     # The handler returned: the next write drops its progress.
     clock.now += 1
-    worker.write_progress()
+    worker.heart.write_progress()
     assert running_progress() == [] and WorkerProcess.objects.get().progress == []
 
 
@@ -173,11 +173,11 @@ def test_a_bad_report_writes_nothing():
     driver.prepare()
     WorkerProcess.objects.beat(worker.identity, host="here", pid=1, queues=["task:p-tube"], holding={})
     task = driver.tube.put({"n": 1})
-    with worker.progress.running(driver, task):
+    with worker.heart.progress.running(driver, task):
         with pytest.raises(ValueError):
             progress.report(2.0, "too far")
         with CaptureQueriesContext(connection) as queries:
-            worker.write_progress()
+            worker.heart.write_progress()
     assert queries.captured_queries == []
     assert WorkerProcess.objects.get().progress == [] and running_progress() == []
 

@@ -394,16 +394,16 @@ def test_a_parked_shards_throughput_waits_for_it_without_a_warning_a_second(sett
     worker._prepare()
     far = next(driver for driver in worker.drivers if driver.using == "other")
     with unreachable("other"):
-        assert worker._park(far)
-        worker._record_throughput(far, 3, 1, 0)
+        assert worker.parked.park_queue(far)
+        worker.heart.throughput.add(far, 3, 1, 0)
         with caplog.at_level(logging.DEBUG, logger="django_taskloop"):
-            worker._flush_throughput()
-            worker._flush_throughput()
+            worker.heart.flush_throughput()
+            worker.heart.flush_throughput()
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(said) == 1 and "unreachable" in said[0], said  # the parking's one line
     assert not Throughput.objects.using("other").exists()
     worker.parked.until.clear()  # back
-    worker._flush_throughput()
+    worker.heart.flush_throughput()
     written = Throughput.objects.using("other").get(queue="s-tube")
     assert (written.done, written.failed) == (3, 1)
 

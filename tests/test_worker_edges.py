@@ -277,27 +277,27 @@ def _worker_for(handler: Handler) -> tuple[Worker, Any]:
 def test_batch_size_follows_the_measured_time_per_item(settings):
     settings.TASKLOOP = {"BATCH_TIME": 0.1}
     worker, driver = _worker_for(Handler("tube", "w-sizes", print, "w-sizes", batch=100))
-    size = worker.batch_size(driver)
+    size = worker.batches.batch_size(driver)
     assert size == 1  # nothing measured yet: one item
     for expected in (2, 4, 8, 16, 32, 64, 100, 100):  # fast: doubles up to the batch
-        worker._measured(driver, size, 0.0001 * size)
-        worker.sizes[driver] = size
-        size = worker.batch_size(driver)
+        worker.batches.measured(driver, size, 0.0001 * size)
+        worker.batches.sizes[driver] = size
+        size = worker.batches.batch_size(driver)
         assert size == expected
     for _ in range(20):  # slow (2 s an item): one at a time, whatever came before
-        worker._measured(driver, 1, 2.0)
-    assert worker.batch_size(driver) == 1
+        worker.batches.measured(driver, 1, 2.0)
+    assert worker.batches.batch_size(driver) == 1
     for _ in range(20):  # 10 ms an item: what fits 100 ms (the 2 s items have not quite faded)
-        worker._measured(driver, 10, 0.1)
-        worker.sizes[driver] = 100
-    assert worker.batch_size(driver) in (9, 10)
+        worker.batches.measured(driver, 10, 0.1)
+        worker.batches.sizes[driver] = 100
+    assert worker.batches.batch_size(driver) in (9, 10)
     # Per handler: batch_time=0 always claims the whole batch; a larger one claims more.
     fixed, fixed_driver = _worker_for(Handler("tube", "w-fixed", print, "w-fixed", batch=7, batch_time=0))
-    assert fixed.batch_size(fixed_driver) == 7
+    assert fixed.batches.batch_size(fixed_driver) == 7
     roomy, roomy_driver = _worker_for(Handler("tube", "w-roomy", print, "w-roomy", batch=100, batch_time=1.0))
-    roomy._measured(roomy_driver, 1, 0.05)
-    roomy.sizes[roomy_driver] = 64
-    assert roomy.batch_size(roomy_driver) == 20
+    roomy.batches.measured(roomy_driver, 1, 0.05)
+    roomy.batches.sizes[roomy_driver] = 64
+    assert roomy.batches.batch_size(roomy_driver) == 20
 
 
 def test_batch_time_is_checked_when_registered():
@@ -312,10 +312,10 @@ def test_a_burst_worker_exits_without_waiting_out_its_heartbeats_pause(settings,
     """The heartbeat thread sleeps until its next beat; a worker's end must wake it, not wait
     the pause out (found trying a burst from a fresh project: 1 s for a 50 ms drain). With an
     hour between beats, the old worker waited out its 30 s join."""
-    from django_taskloop.workers import runner
+    from django_taskloop.workers import heartbeat
 
     settings.TASKLOOP = {"HEARTBEAT_INTERVAL": 3600, "CONSUMER_TIMEOUT": 36000}
-    monkeypatch.setattr(runner, "THROUGHPUT_EVERY", 3600.0)
+    monkeypatch.setattr(heartbeat, "THROUGHPUT_EVERY", 3600.0)
     Tube.objects.create_tube("w-burst-exit", "fifo")
     handler = Handler("tube", "w-burst-exit", print, "w-burst-exit", create={"type": "fifo"})
     worker = Worker([handler], burst=True, schedule=False)

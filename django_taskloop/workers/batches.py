@@ -13,7 +13,7 @@ from typing import Any
 from ..engine.deadline import bounded
 from ..models.operating import record_throughput
 from . import FailedForGood
-from .drivers import Driver
+from .drivers import AnyDriver
 
 __all__ = ["Batch", "Chores", "Tally", "ThroughputCounts", "count", "outcome", "progress_key"]
 
@@ -35,16 +35,16 @@ class ThroughputCounts:
 
     def __init__(self, lock: threading.Lock) -> None:
         self.lock = lock
-        self.pending: dict[Driver, list[int]] = {}
+        self.pending: dict[AnyDriver, list[int]] = {}
 
-    def add(self, driver: Driver, done: int, failed: int, given_back: int) -> None:
+    def add(self, driver: AnyDriver, done: int, failed: int, given_back: int) -> None:
         with self.lock:
             counts = self.pending.setdefault(driver, [0, 0, 0])
             counts[0] += done
             counts[1] += failed
             counts[2] += given_back
 
-    def flush(self, waits: Callable[[Driver], bool], failed: Callable[[Driver], None]) -> None:
+    def flush(self, waits: Callable[[AnyDriver], bool], failed: Callable[[AnyDriver], None]) -> None:
         """Write the counts (one row update per queue). Those of a driver that ``waits`` (its
         shard is parked) stay for a later flush, as do those whose write fails (``failed``
         is called, in the ``except`` block, to say so)."""
@@ -72,7 +72,7 @@ class ThroughputCounts:
 class Chores:
     """When the heartbeat thread next does each of its chores (``time.monotonic()`` seconds)."""
 
-    drivers: dict[Driver, float]  # renew the leases and beat, per driver
+    drivers: dict[AnyDriver, float]  # renew the leases and beat, per driver
     reap: float  # the reaper's upkeep
     flush: float  # write the throughput counts
     tick: float  # claim the schedules' due ticks
@@ -86,7 +86,7 @@ class Chores:
 class Batch:
     """One claimed batch as it runs: how its items ended, and when each stage began."""
 
-    def __init__(self, driver: Driver, items: list[Any], claimed_at: float, *, trace: bool) -> None:
+    def __init__(self, driver: AnyDriver, items: list[Any], claimed_at: float, *, trace: bool) -> None:
         self.driver = driver
         self.items = items
         self.trace = trace  # debug logging: every item named as it starts and ends
@@ -110,7 +110,7 @@ def outcome(error: FailedForGood) -> str:
     return found.group(1) if found else ""
 
 
-def progress_key(driver: Driver, item: Any) -> tuple[str, str, str]:
+def progress_key(driver: AnyDriver, item: Any) -> tuple[str, str, str]:
     """Name ``item`` in the progress store as its Failure rows do: ``(kind, queue, item)``."""
     return (driver.queue_kind, driver.queue, driver.failure_item(item))
 

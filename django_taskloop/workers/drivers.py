@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 from django.db import DatabaseError
 
@@ -29,7 +29,7 @@ from . import Handler
 
 logger = logging.getLogger("django_taskloop.workers")
 
-__all__ = ["Driver", "LoopDriver", "TubeDriver", "BoardDriver", "make_driver", "backoff"]
+__all__ = ["AnyDriver", "Driver", "LoopDriver", "TubeDriver", "BoardDriver", "make_driver", "backoff"]
 
 if TYPE_CHECKING:
     from ..models.boards import Job, JobBoard
@@ -173,6 +173,10 @@ class Driver(Generic[Item]):
 
 
 setattr(Driver, "done_and_claim", _bounded_verb(Driver.done_and_claim))  # noqa: B010
+
+#: A driver of any facade: what the worker's parts hold, one per handler (and shard) served.
+#: Its items are a tube's Tasks, a board's Jobs or a loop's ids, told apart by the driver alone.
+AnyDriver: TypeAlias = Driver[Any]
 
 
 class LoopDriver(Driver[Any]):
@@ -382,7 +386,7 @@ class TubeDriver(Driver["Task"]):
         # every beat until a healthy worker lost a long task. A task with no ttr and no ttl
         # has no deadline to push. One statement for them all; tasks acked or released by the
         # main thread a moment ago are skipped.
-        # (Exactly the time since: a progress write renews between two beats, see runner.)
+        # (Exactly the time since: a progress write renews between two beats, see heartbeat.)
         elapsed = self.beat_every if since is None else now - since
         timed = [task.id for task in items if task.event_at is not None or task.ttl_at is not None]
         self.tube.touch_many(timed, elapsed, consumer=self.identity)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -15,9 +16,10 @@ from django.db import DatabaseError, connections, router
 from django.db.migrations.executor import MigrationExecutor
 
 from ..engine.reach import unreachable
+from ..exceptions import DatabaseBusy
 from ..models import JobBoard, Tube
 from . import Handler
-from .drivers import Driver, make_driver
+from .drivers import AnyDriver, make_driver
 
 logger = logging.getLogger("django_taskloop.workers")
 
@@ -72,6 +74,17 @@ class Outages:
     def any_down(self) -> bool:
         with self.lock:
             return bool(self.down)
+
+    def log_error(self, message: str, *args: Any) -> None:
+        """Log the error being handled after ``message``: a database error in one line (at
+        debug level while a database is known down: the outage's lines say it already),
+        anything else with its traceback."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, (DatabaseError, DatabaseBusy)):
+            logger.exception(message, *args)
+            return
+        level = logging.DEBUG if self.any_down() else logging.WARNING
+        logger.log(level, message + ": %s", *args, first_line(error))
 
     def find_down(self, aliases: Iterable[str]) -> tuple[str, DatabaseError] | None:
         """Return the first of ``aliases`` that cannot be reached, with its error."""
@@ -154,7 +167,7 @@ def drop_broken_connections() -> None:
             connection.close()
 
 
-def refuse_unmigrated(drivers: Sequence[Driver]) -> None:
+def refuse_unmigrated(drivers: Sequence[AnyDriver]) -> None:
     """Raise :class:`NotMigrated` if a database of ``drivers`` lacks the tables they need (the
     migrations of django_taskloop and of the loops' apps)."""
     aliases = list(dict.fromkeys(driver.using for driver in drivers))
@@ -185,13 +198,15 @@ class Parked:
     again every few seconds, and prepared once back) while the worker goes on with the others.
     A worker of one database waits its outage out instead (:meth:`Outages.wait`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, drivers: Sequence[AnyDriver] = ()) -> None:
+        #: The drivers of the worker: serving one database, it waits an outage out instead.
+        self.drivers = list(drivers)
         #: alias -> (when it was parked, when to look at it again) (monotonic)
         self.until: dict[str, tuple[float, float]] = {}
         #: Drivers not prepared yet: their database was down when the worker started.
-        self.unprepared: set[Driver] = set()
+        self.unprepared: set[AnyDriver] = set()
 
-    def prepare(self, drivers: Sequence[Driver]) -> None:
+    def prepare(self, drivers: Sequence[AnyDriver]) -> None:
         """Prepare ``drivers``; with several databases, those of a database that is down wait
         (prepared by :meth:`ready` once it is back). Database errors propagate otherwise."""
         several = len({driver.using for driver in drivers}) > 1
@@ -203,7 +218,7 @@ class Parked:
                     raise
                 self.unprepared.add(driver)
 
-    def ready(self, driver: Driver) -> bool:
+    def ready(self, driver: AnyDriver) -> bool:
         """Say whether ``driver`` may be used now: its database is not parked (or is back)
         and the driver is prepared (it is prepared here if need be)."""
         if self.until and self.skip(driver.using):
@@ -218,10 +233,15 @@ class Parked:
             self.unprepared.discard(driver)
         return True
 
-    def quiet(self, driver: Driver) -> bool:
+    def quiet(self, driver: AnyDriver) -> bool:
         """Say whether the heartbeat leaves ``driver`` alone (its database is parked, or it is
         not prepared yet): a beat there could only fail."""
         return driver.using in self.until or driver in self.unprepared
+
+    def park_queue(self, driver: AnyDriver) -> bool:
+        """After a database error on ``driver``'s database: if this worker serves several and
+        that one cannot be reached, park it (the others go on) and return ``True``."""
+        return len({each.using for each in self.drivers}) > 1 and self.park(driver.using)
 
     def park(self, alias: str) -> bool:
         """After a database error on ``alias``: park it if it cannot be reached (say so once);
