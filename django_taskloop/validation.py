@@ -69,6 +69,22 @@ def check_seconds(
     return float(value)
 
 
+def check_timeout(value: Any, name: str = "timeout") -> float | None:
+    """Return a wait's ``timeout`` as float seconds, one rule for every wait (SPEC §6): ``None``
+    waits forever; a negative finite timeout is 0; one longer than ``MAX_SECONDS`` waits that
+    long (a wait, unlike a deadline that is stored, has no column to overflow); NaN and
+    ±infinity are ``ValueError``, anything but an int or float ``TypeError``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{name} must be an int or float number of seconds or None, not {type(value).__name__}"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} must be finite (None waits forever), not {value!r}")
+    return min(max(0.0, float(value)), float(MAX_SECONDS))
+
+
 #: The names of tubes, boards, handlers and Django Tasks queues.
 NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,100}\Z", re.ASCII)
 

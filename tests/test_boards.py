@@ -714,3 +714,27 @@ def test_eight_processes_consume_every_job_exactly_once():
     assert set(everything) == expected
     assert board.job_count == 0 and not Job.objects.exists()
     connections.close_all()
+
+
+@pytest.mark.parametrize("timeout", [-5, 0, 10**12, None])
+def test_a_board_and_a_tube_read_a_wait_s_timeout_by_one_rule(board, timeout):
+    """One rule for every wait (validation.check_timeout): a negative timeout is 0, one past
+    MAX_SECONDS waits that long, None forever. The board's wait refused a long one (ValueError)
+    while the tube's take clamped it; inside atomic() both now say why they cannot wait."""
+    from django_taskloop.exceptions import TaskloopError
+    from django_taskloop.models import Tube
+    from django_taskloop.validation import MAX_SECONDS, check_timeout
+
+    expected = None if timeout is None else min(max(0.0, float(timeout)), float(MAX_SECONDS))
+    assert check_timeout(timeout) == expected
+    tube = Tube.objects.create_tube("waits", "fifo")
+    if expected == 0:  # no wait: one immediate try each
+        with pytest.raises(NotFound):
+            board.wait(timeout)
+        assert tube.take(timeout=timeout) is None
+        return
+    # The test runs inside atomic(): a wait there could never succeed, on either.
+    with pytest.raises(TaskloopError, match="atomic"):
+        board.wait(timeout)
+    with pytest.raises(TaskloopError, match="inside a transaction"):
+        tube.take(timeout=timeout)

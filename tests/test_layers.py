@@ -27,7 +27,18 @@ PACKAGE = Path(__file__).resolve().parent.parent / PACKAGE_NAME
 FLOORS: list[tuple[int, tuple[str, ...]]] = [
     (
         0,
-        ("conf", "validation", "exceptions", "signals", "cron", "compat", "runtime", "task_options", "human"),
+        (
+            "conf",
+            "validation",
+            "exceptions",
+            "signals",
+            "cron",
+            "compat",
+            "runtime",
+            "stopping",
+            "task_options",
+            "human",
+        ),
     ),
     # What handlers call to report progress (django_taskloop.progress): imports nothing of ours.
     (0, ("progress",)),

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from django_taskloop.workers.stopping import StopEvent
+from django_taskloop.stopping import StopEvent
 
 
 def test_a_handler_that_sets_it_ends_a_wait_at_once():
@@ -49,7 +49,7 @@ def test_it_times_out_unset_and_wakes_every_waiting_thread():
 
 ROUNDS = """
 import signal, sys, threading, time
-from django_taskloop.workers.stopping import StopEvent
+from django_taskloop.stopping import StopEvent
 make = threading.Event if sys.argv[1] == "threading" else StopEvent
 for _ in range(3000):
     event = make()

@@ -35,6 +35,7 @@ from ..validation import (
     check_owner,
     check_seconds,
     check_text,
+    check_timeout,
 )
 from . import operating
 from .entities import _KIND_LENGTH, BoardEntity, BoardEntityManager, BoardEntityQuerySet
@@ -152,12 +153,6 @@ class PriorityField(_RankField):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         return JobPriority.convert(value).rank
-
-
-def _check_timeout(value: Any) -> float | None:
-    # None waits forever; a negative finite timeout is 0 (SPEC §6).
-    timeout = check_seconds(value, "timeout", allow_none=True)
-    return None if timeout is None else max(0.0, timeout)
 
 
 def _job_uuid(job: Any, name: str = "job") -> str:
@@ -707,7 +702,7 @@ class JobBoard(models.Model):
 
         Raise ``NotFound`` if none arrives within ``timeout`` seconds (``None``: forever).
         """
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         if not engine.poll(lambda: self._jobs().exists(), timeout, using=self._alias, what="board.wait()"):
             raise NotFound(
                 f"expired waiting for jobs to arrive on board {self.name!r}; waited {timeout} seconds"
@@ -965,7 +960,7 @@ class Job(models.Model):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until this job is COMPLETE (``True``) or ``timeout`` seconds pass (``False``)."""
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         return engine.poll(lambda: self.state == COMPLETE, timeout, using=self._alias, what="job.wait()")
 
 

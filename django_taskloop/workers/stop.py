@@ -18,8 +18,8 @@ from types import FrameType
 from typing import Any, TypeAlias
 
 from ..conf import setting
+from ..stopping import StopEvent
 from . import StopNow, inside_user_code
-from .stopping import StopEvent
 from .supervisor import STOP_SIGNALS
 
 __all__ = ["SignalHandler", "Stop"]

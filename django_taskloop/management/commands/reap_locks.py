@@ -19,8 +19,8 @@ from django.db import connections
 from django_taskloop.health import vacuum_queue_tables
 from django_taskloop.management.terminal.trouble import checked_databases
 from django_taskloop.reaper import format_report, reap
+from django_taskloop.stopping import StopEvent
 from django_taskloop.workers.outage import describe
-from django_taskloop.workers.stopping import StopEvent
 
 #: Seconds a stopped ``--every`` loop may take to finish its round before the process ends anyway.
 STOP_WITHIN = 20

@@ -32,8 +32,8 @@ from django_taskloop.stats import (
     shown_queue,
     workers_serving,
 )
+from django_taskloop.stopping import StopEvent
 from django_taskloop.workers.outage import describe
-from django_taskloop.workers.stopping import StopEvent
 
 from .text import WIDTH, clip, duration, plural, table
 

@@ -41,10 +41,10 @@ from ... import engine, wakeup
 from ...conf import setting
 from ...exceptions import NotFound, NotTaken, TaskloopError, TubeError
 from ...validation import (
-    MAX_SECONDS,
     check_count,
     check_owner,
     check_seconds,
+    check_timeout,
 )
 from .. import operating
 from .core import TubeCore, _callbacks
@@ -154,18 +154,6 @@ def _check_consumer(consumer: Any) -> str:
     return check_owner(consumer, "consumer")
 
 
-def _check_timeout(timeout: Any) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(
-            f"timeout must be an int or float number of seconds or None, not {type(timeout).__name__}"
-        )
-    if isinstance(timeout, float) and not math.isfinite(timeout):
-        raise ValueError(f"timeout must be finite (None waits forever), not {timeout!r}")
-    return min(max(0.0, float(timeout)), float(MAX_SECONDS))
-
-
 def _check_task_ids(task_ids: Any) -> list[int]:
     """Return one task id (or Task) or an iterable of them as a list without duplicates."""
     if isinstance(task_ids, (int, Task)):
@@ -249,7 +237,7 @@ class TubeClaiming(TubeCore):
         """``take(timeout, consumer)`` that also ends its wait, with ``None``, as soon as
         ``stop()`` returns true (asked after each wake-up): a worker's wait for its next task.
         ``cursor``: see :meth:`take_many`."""
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         consumer = _check_consumer(consumer)
         using = self.using
         if (timeout is None or timeout > 0) and connections[using].in_atomic_block:
