@@ -33,7 +33,7 @@ from django.db.models import Field, Model, QuerySet
 
 from . import engine, shards
 from .backends import TaskloopBackend, taskloop_backends
-from .compat import DjangoTaskResult, TaskResultDoesNotExist
+from .compat import DjangoTaskResult, TaskResultDoesNotExist, TaskResultStatus
 from .conf import tasks_backend_aliases
 from .human import duration, plural
 from .models import ConsumedJob, Failure, JobBoard, TaskLoop, TaskRecord, TaskRecordStatus, Tube
@@ -403,7 +403,7 @@ def _retry_tasks(queue: Queue, ids: list[str], every: bool) -> list[str]:
         ids = [str(pk) for pk in failed.order_by("finished_at").values_list("id", flat=True)]
     found = [_result(queue, result_id) for result_id in ids]
     for _backend, result in found:
-        if result.status != TaskRecordStatus.FAILED:
+        if result.status != TaskResultStatus.FAILED:
             status = getattr(result.status, "value", result.status)
             raise QueueError(
                 f"result {result.id} of {queue.label} is {status}: only a FAILED task can be retried"
