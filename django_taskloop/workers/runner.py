@@ -316,7 +316,7 @@ class Worker:
         """Give back and settle what is left, then stop the heartbeat thread."""
         self.stop.disarm()
         self.settler.give_back_prefetched()
-        self.settler.settle_at_stop()
+        self.settler.settle_at_stop(self.stop.stop_by)
         self.heart.finish()
 
     def log_summary(self, elapsed: float) -> None:

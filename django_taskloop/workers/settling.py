@@ -6,12 +6,14 @@ settled in the next round or at stop: never stranded, never run twice."""
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from typing import Any
 
 from django.db import DatabaseError, connections
 
+from ..conf import setting
 from ..engine.deadline import bounded
 from ..exceptions import DatabaseBusy
 from ..models import Failure
@@ -216,12 +218,18 @@ class Settler:
             self.throughput.add(driver, 0, 0, len(items))
         self.holdings.let_go_prefetched()
 
-    def settle_at_stop(self) -> None:
+    def settle_at_stop(self, stop_by: float = math.inf) -> None:
         """At stop, try a few times more to settle what is kept; what still fails is logged
-        (its leases run out, or its consumer is found dead, and it runs again)."""
+        (its leases run out, or its consumer is found dead, and it runs again).
+
+        One try always; another only if it can end before ``stop_by`` (the end of the grace
+        period: a try against a database that hangs takes up to ``DATABASE_TIMEOUT``), so that
+        a stop ends within the grace period however the database answers."""
         for attempt in range(3):
             if not (self.holdings.unsettled or self.holdings.unreturned):
                 return
+            if attempt and time.monotonic() + float(setting("DATABASE_TIMEOUT")) > stop_by:
+                break
             try:
                 self.settle_pending()
                 return
