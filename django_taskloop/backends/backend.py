@@ -16,7 +16,7 @@ from .. import shards
 from ..compat import TASKS_AVAILABLE, BaseTaskBackend, DjangoTask, DjangoTaskResult, task_backends
 from ..models import Task as TubeTask
 from ..task_options import TaskloopTask
-from .enqueue import Enqueuer, check_task
+from .enqueue import CHECKED, Enqueuer, check_task
 from .execute import TaskRunner
 from .results import Results
 
@@ -79,7 +79,10 @@ if TASKS_AVAILABLE:
         def validate_task(self, task: DjangoTask) -> None:
             super().validate_task(task)
             # The queue name becomes part of a tube name; the function must not be a generator.
-            check_task(task)
+            # Checked once per queue name and function; asked here first, as enqueue validates
+            # every call (a call the less on its hot path).
+            if (task.queue_name, task.func) not in CHECKED:
+                check_task(task)
 
         def enqueue(
             self, task: DjangoTask, args: Iterable[object], kwargs: Mapping[str, object]

@@ -257,14 +257,15 @@ class Enqueuer:
 
 
 #: (queue name, function) pairs that check_task has checked.
-_valid: set[tuple[str, object]] = set()
+#: (queue name, function) of every task checked already: enqueue validates every call.
+CHECKED: set[tuple[str, object]] = set()
 
 
 def check_task(task: DjangoTask) -> None:
     """What ``TaskloopBackend.validate_task`` adds to Django's checks: the queue name (part of a
     tube name) and the function. Checked once per queue name and function (enqueue validates
     every call)."""
-    if (task.queue_name, task.func) in _valid:
+    if (task.queue_name, task.func) in CHECKED:
         return
     # The queue name becomes part of a tube name: check it here, at definition time.
     try:
@@ -274,7 +275,7 @@ def check_task(task: DjangoTask) -> None:
         check_handler(task.func, "task function")
     except (TypeError, ValueError) as error:
         raise InvalidTask(str(error)) from None
-    _valid.add((task.queue_name, task.func))
+    CHECKED.add((task.queue_name, task.func))
 
 
 def _has_options(task: DjangoTask) -> TypeGuard[TaskloopTask]:
