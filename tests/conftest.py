@@ -176,3 +176,27 @@ def _forget_process_caches() -> Any:
     operating._pause_cache.clear()
     records._beats.clear()
     shards._down.clear()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Any:
+    """pytest-django's test databases; before it drops them, on PostgreSQL, end every other
+    session still on them. A session a subprocess left is closed by its server a moment
+    after the client went, and DROP DATABASE refused the test database once for it ("being
+    accessed by other users", CI run 5, after every test had passed)."""
+    yield
+    import time
+
+    with django_db_blocker.unblock():
+        for alias in connections:
+            connection = connections[alias]
+            if connection.vendor != "postgresql":
+                continue
+            others = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            with connection.cursor() as cursor:
+                cursor.execute(f"SELECT pg_terminate_backend(pid) {others}")
+                for _ in range(50):  # terminated sessions end within moments
+                    cursor.execute(f"SELECT count(*) {others}")
+                    if not cursor.fetchone()[0]:
+                        break
+                    time.sleep(0.1)
