@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -136,6 +137,24 @@ def clock_offset() -> float:
     return _clock_offset
 
 
+class ClockShift:
+    """The seconds :func:`set_clock_offset` moved this process's clock, as an attribute
+    (``clock_shift.seconds``): for a loop that reads :func:`local_clock` per item without a
+    call (``time.monotonic() + clock_shift.seconds``)."""
+
+    seconds = 0.0
+
+
+clock_shift = ClockShift()
+
+
+def local_clock() -> float:
+    """This process's monotonic clock, moved as its view of the database's clock is
+    (:func:`set_clock_offset`): for local estimates of deadlines the database keeps (a worker
+    knows until when its leases surely hold without asking), which the test clock must move too."""
+    return time.monotonic() + _clock_offset
+
+
 def set_clock_offset(seconds: float) -> None:
     """Make every :class:`DbNow` of this process (and so :class:`Shifted` and :func:`db_now`)
     read the database's clock plus ``seconds``: time passes in the database, as this process's
@@ -147,7 +166,7 @@ def set_clock_offset(seconds: float) -> None:
     seconds = float(seconds)
     if seconds == _clock_offset:
         return
-    _clock_offset = seconds
+    _clock_offset = clock_shift.seconds = seconds
     for forget in _clock_listeners:
         forget()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import socket
 import threading
@@ -20,9 +21,10 @@ from django.db import DatabaseError
 from ..backends import result_id_of, task_path_of
 from ..conf import setting
 from ..engine.deadline import bounded
+from ..exceptions import NotFound
 from ..models import Consumer, JobBoard, TaskRecord, Tube
 from ..models.operating import is_paused
-from ..models.tubes import ClaimCursor, worth_trying
+from ..models.tubes import TAKEN, ClaimCursor, worth_trying
 from ..runtime import backoff, run_interruptibly
 from ..shards import open_tube
 from . import Handler
@@ -45,7 +47,17 @@ Item = TypeVar("Item")
 #: that hangs is then met as one that went away (a shard parked, a single database waited out)
 #: instead of holding the worker, and every other queue, for as long as it hangs. Never the
 #: handler's :meth:`Driver.call`, nor :meth:`TubeDriver.wait_one`'s long wait.
-BOUNDED_VERBS = ("prepare", "claim", "done", "done_and_claim", "failed", "give_back", "renew", "beat")
+BOUNDED_VERBS = (
+    "prepare",
+    "claim",
+    "done",
+    "done_and_claim",
+    "failed",
+    "give_back",
+    "renew",
+    "confirm",
+    "beat",
+)
 
 
 def _bounded_verb(verb: Callable[..., Any]) -> Callable[..., Any]:
@@ -155,8 +167,20 @@ class Driver(Generic[Item]):
     def give_back(self, items: Sequence[Item]) -> None:
         raise NotImplementedError
 
-    def renew(self, items: Sequence[Item]) -> None:
-        """Extend the leases of ``items`` while the handler works on them."""
+    def renew(self, items: Sequence[Item]) -> bool:
+        """Extend the leases of ``items`` while the handler works on them; say whether every
+        one of them was renewed (one lost meanwhile, to another worker, was not)."""
+        raise NotImplementedError
+
+    def lease_of(self, items: Sequence[Item]) -> float:
+        """Seconds that a claim or a renewal of ``items`` surely holds them, from the moment its
+        statement was sent (the shortest of theirs)."""
+        return self.handler.lease
+
+    def confirm(self, item: Item) -> bool:
+        """Say whether this worker still holds ``item``, renewing its lease for a whole lease
+        from now if it does: asked before starting an item whose lease may have lapsed."""
+        raise NotImplementedError
 
     def beat(self) -> None:
         """Record that this worker is alive."""
@@ -231,10 +255,16 @@ class LoopDriver(Driver[Any]):
         if items:
             self.loop.unlock(list(items), auto_add=False)
 
-    def renew(self, items: Sequence[Any]) -> None:
-        # Only the ids this worker still holds are locked again (see TaskLoopQuerySet.renew).
-        if items:
-            self.loop.renew(list(items), lock_for=self.handler.lease)
+    def renew(self, items: Sequence[Any]) -> bool:
+        # Only the ids still locked are locked again (see TaskLoopQuerySet.renew).
+        if not items:
+            return True
+        return self.loop.renew(list(items), lock_for=self.handler.lease) == len(items)
+
+    def confirm(self, item: Any) -> bool:
+        # doloop's locks name no holder: an id still locked is taken for this worker's (a
+        # rival that claimed it after the lock ran out locked it again), one unlocked is not.
+        return self.loop.renew([item], lock_for=self.handler.lease) == 1
 
 
 class TubeDriver(Driver["Task"]):
@@ -371,13 +401,36 @@ class TubeDriver(Driver["Task"]):
         if items:
             self.tube.release_many([task.id for task in items], consumer=self.identity)
 
-    def renew(self, items: Sequence[Task]) -> None:
+    def lease_of(self, items: Sequence[Task]) -> float:
+        # fifo/utube: a task is held while its consumer beats (the beat follows each renewal).
+        if not self._ttl_type():
+            return float(setting("CONSUMER_TIMEOUT"))
+        # fifottl/utubettl: a task's own ttr (none: it is held until its ttl ends it).
+        return min([task.ttr for task in items if task.ttr], default=math.inf)
+
+    def confirm(self, item: Task) -> bool:
+        if not self._ttl_type():
+            # Held while this consumer is alive: it beats now, and the task is still its own.
+            self.beat()
+            return self._owns(item)
+        # touch_many touches only what this consumer holds with its ttr not run out.
+        return self.tube.touch_many([item.id], item.ttr or self.lease_of([item]), consumer=self.identity) == 1
+
+    def _owns(self, item: Task) -> bool:
+        try:
+            task = self.tube.peek(item.id)
+        except NotFound:
+            return False
+        return bool(task.state == TAKEN and task.owner == self.identity)
+
+    def renew(self, items: Sequence[Task]) -> bool:
         # Only the ttl types have a ttr deadline to push; fifo/utube tasks stay taken as long
         # as their consumer beats (touch there is a TubeError).
         now = time.monotonic()
-        since, self._renewed_at = self._renewed_at, now
+        since = self._renewed_at
         if not self._ttl_type():
-            return
+            self._renewed_at = now
+            return True
         # touch() adds its increment to the deadline: adding the time that passed since the
         # last renewal keeps the deadline as far ahead as the claim put it (a task claimed
         # since gains at most one beat), no further, so a task of a worker that dies comes
@@ -387,9 +440,13 @@ class TubeDriver(Driver["Task"]):
         # has no deadline to push. One statement for them all; tasks acked or released by the
         # main thread a moment ago are skipped.
         # (Exactly the time since: a progress write renews between two beats, see heartbeat.)
+        # The time since the last renewal that was made: a renewal that failed added nothing,
+        # so the next one adds its time too.
         elapsed = self.beat_every if since is None else now - since
         timed = [task.id for task in items if task.event_at is not None or task.ttl_at is not None]
-        self.tube.touch_many(timed, elapsed, consumer=self.identity)
+        touched = self.tube.touch_many(timed, elapsed, consumer=self.identity)
+        self._renewed_at = now
+        return touched == len(timed)
 
     def beat(self) -> None:
         # A consumer that stops beating for CONSUMER_TIMEOUT is dead: its tasks go back.
@@ -473,9 +530,14 @@ class BoardDriver(Driver["Job"]):
         if items:
             self.board.abandon_many(items, self.identity)
 
-    def renew(self, items: Sequence[Job]) -> None:
+    def renew(self, items: Sequence[Job]) -> bool:
         # Only the live claims this worker still holds are extended, one statement per slice.
-        self.board.extend_many(items, self.identity, self.handler.lease)
+        if not items:
+            return True
+        return self.board.extend_many(items, self.identity, self.handler.lease) == len(items)
+
+    def confirm(self, item: Job) -> bool:
+        return self.board.extend_many([item], self.identity, self.handler.lease) == 1
 
     def beat(self) -> None:
         self.board.register_entity(

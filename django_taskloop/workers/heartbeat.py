@@ -19,6 +19,7 @@ from django.db import connections
 
 from .. import progress, schedules
 from ..conf import setting
+from ..engine import local_clock
 from ..engine.deadline import bound_connects, bounded
 from ..health import CleanupWatch
 from ..models import WorkerProcess
@@ -136,7 +137,9 @@ class Heart:
             connections.close_all()
 
     def _do_chores(self, chores: Chores) -> None:
-        """Do the heartbeat's chores that are due, and note when each is due next."""
+        """Do the heartbeat's chores that are due, and note when each is due next: the leases
+        first, so that no other chore (a tick's enqueue, the reaper) delays their renewal."""
+        self._beat_drivers(chores.drivers)
         if time.monotonic() >= chores.flush:
             chores.flush = time.monotonic() + THROUGHPUT_EVERY
             self.flush_throughput()
@@ -155,7 +158,6 @@ class Heart:
         if time.monotonic() >= chores.cleanup:
             chores.cleanup = time.monotonic() + self.watch.every()
             self._watch_cleanup()
-        self._beat_drivers(chores.drivers)
 
     def flush_throughput(self) -> None:
         """Write the counts gathered since the last flush; a parked shard's wait for it."""
@@ -237,10 +239,14 @@ class Heart:
             due[driver] = now + driver.beat_every
             # Finished items not yet acknowledged are renewed too: they must not
             # come back to run again while this worker retries their settle.
-            held = self.holdings.held(driver)
+            held, generation = self.holdings.held_for_renewal(driver)
+            at = local_clock()
             try:
-                driver.renew(held)
+                every_one = driver.renew(held)
                 driver.beat()
+                if every_one:
+                    # What is not started yet may start without asking for a while longer.
+                    self.holdings.renewed(driver, generation, held, at)
             except Exception:
                 # A missed beat is not fatal: the next one, or the lease, covers it.
                 self.outages.log_error("heartbeat of %s failed", driver.describe_queue())

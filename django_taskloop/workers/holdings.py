@@ -36,6 +36,13 @@ class Holdings:
         # heartbeat gave back at a stop (at once: only what runs gets the grace period).
         self.unstarted: dict[AnyDriver, deque[Any]] = {}
         self.returned_early: dict[AnyDriver, set[Hashable]] = {}
+        # Until when (engine.local_clock) the items of a driver not yet started are surely
+        # leased, less a third of their lease: past it, the runner asks the database before it
+        # starts one (its lease may have lapsed, the item gone to another worker). Set by a
+        # claim, moved on by a heartbeat that renewed every item it held. A driver's holdings'
+        # generation tells a renewal whether they changed while it ran.
+        self.sure_until: dict[AnyDriver, float] = {}
+        self.generation: dict[AnyDriver, int] = {}
 
     def keep(self, kept: dict[AnyDriver, list[Any]], driver: AnyDriver, items: Sequence[Any]) -> None:
         """Add ``items`` to what is ``kept`` (:attr:`unsettled` or :attr:`unreturned`)."""
@@ -46,6 +53,31 @@ class Holdings:
         """``driver``'s items ``kept`` are settled: drop them."""
         with self.lock:
             kept.pop(driver, None)
+
+    def claimed(self, driver: AnyDriver, items: Sequence[Any], at: float) -> None:
+        """``items`` of ``driver`` were claimed by a statement sent at ``at``
+        (:func:`~django_taskloop.engine.local_clock`): their leases hold until at least ``at``
+        plus their lease."""
+        lease = driver.lease_of(items)
+        with self.lock:
+            self.sure_until[driver] = at + lease * (2 / 3)
+            self.generation[driver] = self.generation.get(driver, 0) + 1
+
+    def held_for_renewal(self, driver: AnyDriver) -> tuple[list[Any], int]:
+        """:meth:`held`, and the generation to give :meth:`renewed` once they are renewed."""
+        with self.lock:
+            return [*self.inflight.get(driver, ()), *self.unsettled.get(driver, ())], self.generation.get(
+                driver, 0
+            )
+
+    def renewed(self, driver: AnyDriver, generation: int, items: Sequence[Any], at: float) -> None:
+        """A renewal sent at ``at`` renewed every one of ``items`` (what :meth:`held_for_renewal`
+        gave with ``generation``): their leases hold until at least ``at`` plus their lease, unless
+        a claim has changed what is held since."""
+        lease = driver.lease_of(items)
+        with self.lock:
+            if self.generation.get(driver, 0) == generation:
+                self.sure_until[driver] = max(self.sure_until.get(driver, at), at + lease * (2 / 3))
 
     def held(self, driver: AnyDriver) -> list[Any]:
         """What ``driver``'s leases must cover now: the items in flight and the finished ones
@@ -106,14 +138,17 @@ class Holdings:
         with self.lock:
             self.inflight[driver] = [i for i in self.inflight[driver] if driver.key(i) != key]
 
-    def settled(self, driver: AnyDriver, more: list[Any]) -> None:
-        """The batch of ``driver`` is settled; ``more``, its next batch claimed ahead, is held
-        from now on (the heartbeat renews them until their batch runs)."""
+    def settled(self, driver: AnyDriver, more: list[Any], at: float) -> None:
+        """The batch of ``driver`` is settled; ``more``, its next batch claimed ahead by the
+        settle sent at ``at``, is held from now on (the heartbeat renews them until their batch
+        runs)."""
         with self.lock:
             self.inflight.pop(driver, None)
             if more:
                 self.inflight[driver] = list(more)
                 self.prefetched[driver] = more
+        if more:
+            self.claimed(driver, more, at)
 
     def let_go_prefetched(self) -> None:
         """The batches claimed ahead will not run (a stop came first): nothing is in flight

@@ -25,6 +25,7 @@ from django.db import DatabaseError, connections
 
 from .. import progress, schedules, wakeup
 from ..conf import setting
+from ..engine import local_clock
 from ..engine.deadline import bound_connects
 from ..exceptions import DatabaseBusy
 from . import Handler, get_handlers, serving, shard_handlers
@@ -229,7 +230,8 @@ class Worker:
         it brings at once (latency matters more than the batch; the next round claims in bulk)."""
         first = driver.wait_one(IDLE_WAIT, stop=self._idle_over)
         if first:
-            self.batches.run(driver, first)
+            # Taken a moment ago, at the end of the wait.
+            self.batches.run(driver, first, claimed_at=local_clock())
 
     def _poll(self, tubes: list[TubeDriver], idle: float) -> set[AnyDriver]:
         """Idle: wait ``idle`` seconds (polls spaced out up to POLL_MAX; one indexed query per
@@ -254,9 +256,10 @@ class Worker:
                 worked = 0
                 for pk, driver in by_pk.items():
                     if worth.get(pk) and not self.stop.stopping:
+                        at = local_clock()
                         items = driver.claim(self.batches.batch_size(driver), checked=worth[pk] == "ready")
                         if items:
-                            worked += self.batches.run(driver, items)
+                            worked += self.batches.run(driver, items, claimed_at=at)
                 left = end - time.monotonic()
                 if worked or left <= 0:
                     return worked

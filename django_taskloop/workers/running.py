@@ -10,8 +10,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from django.db import DatabaseError
+
 from .. import progress
 from ..conf import setting
+from ..engine import clock_shift, local_clock
+from ..exceptions import DatabaseBusy
 from . import FailedForGood, StopNow
 from .batches import Batch, Tally, ThroughputCounts
 from .drivers import AnyDriver
@@ -74,27 +78,58 @@ class BatchRunner:
         last = self.per_item.get(driver)
         self.per_item[driver] = sample if last is None else 0.5 * last + 0.5 * sample
 
-    def run(self, driver: AnyDriver, first: Sequence[Any] = ()) -> int:
+    def run(self, driver: AnyDriver, first: Sequence[Any] = (), claimed_at: float | None = None) -> int:
         """Claim one batch for ``driver``, run its handler on each item, settle; return the size.
 
-        ``first`` holds items already claimed (by a blocking wait) that start the batch. After
-        a stop signal nothing more is started: the items not started go back at once, and only
-        the one running gets the grace period.
+        ``first`` holds items already claimed that start the batch: by a blocking wait or a
+        take whose statement was sent at ``claimed_at`` (:func:`~django_taskloop.engine.local_clock`),
+        or ahead, by the last batch's settle (``None``: then recorded already). After a stop
+        signal nothing more is started: the items not started go back at once, and only the
+        one running gets the grace period. An item whose lease may have lapsed meanwhile is
+        started only if the database says it is still this worker's (:meth:`_still_held`).
         """
-        claimed_at = time.monotonic()
+        started_at = time.monotonic()
+        if first and claimed_at is not None:
+            self.holdings.claimed(driver, first, claimed_at)
         items = self._claim(driver, list(first))
         if not items:
             return 0
-        batch = Batch(driver, items, claimed_at, trace=logger.isEnabledFor(logging.DEBUG))
+        batch = Batch(driver, items, started_at, trace=logger.isEnabledFor(logging.DEBUG))
         self.holdings.start_batch(driver, items)
+        sure_until, shift, monotonic = self.holdings.sure_until, clock_shift, time.monotonic
         try:
             while (item := self.holdings.next_to_start(driver, self.stop)) is not None:
+                # local_clock(), without a call per item (the hot path's budget counts them).
+                if monotonic() + shift.seconds >= sure_until.get(driver, 0.0) and not self._still_held(
+                    batch, item
+                ):
+                    continue
                 self._run_item(batch, item)
         except StopNow:
             pass
         finally:
             self._end(batch)
         return len(items)
+
+    def _still_held(self, batch: Batch, item: Any) -> bool:
+        """Ask the database whether this worker still holds ``item``, whose lease may have
+        lapsed (its renewals came late); renew it if so. One it lost is not started: another
+        worker may have taken it, and run it, meanwhile. It is left to whoever holds it (the
+        settle's give-back skips what is not this worker's). A database error: not started."""
+        driver = batch.driver
+        try:
+            if driver.confirm(item):
+                return True
+        except (DatabaseError, DatabaseBusy):
+            logger.warning("%s: could not make sure it is still held; not started", driver.describe(item))
+            return False
+        self.holdings.drop(driver, driver.key(item))
+        logger.warning(
+            "%s: its lease had run out before it started (the heartbeat came too late); "
+            "left to whoever holds it now",
+            driver.describe(item),
+        )
+        return False
 
     def _claim(self, driver: AnyDriver, items: list[Any]) -> list[Any]:
         """Return the batch to run: ``items`` (brought by a blocking wait), else a new claim.
@@ -108,7 +143,10 @@ class BatchRunner:
             self.tallies[driver.handler.name].given_back += len(items)
             return []
         if not items:
+            at = local_clock()
             items = driver.claim(self.batch_size(driver))
+            if items:
+                self.holdings.claimed(driver, items, at)
         if items:
             self.sizes[driver] = len(items)
         return items

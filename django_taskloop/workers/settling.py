@@ -14,6 +14,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from ..conf import setting
+from ..engine import local_clock
 from ..engine.deadline import bounded
 from ..exceptions import DatabaseBusy
 from ..models import Failure
@@ -122,6 +123,7 @@ class Settler:
         """
         more: list[Any] = []
         error: BaseException | None = None
+        at = local_clock()
         if finished:
             try:
                 more = driver.done_and_claim(finished, claim_next)
@@ -139,7 +141,7 @@ class Settler:
                 self.give_back(driver, left, quiet=error is not None)
             except (DatabaseError, DatabaseBusy) as raised:
                 error = error or raised
-        self.holdings.settled(driver, more)
+        self.holdings.settled(driver, more, at)
         return more, error
 
     def give_back(self, driver: AnyDriver, items: list[Any], quiet: bool = False) -> None:
