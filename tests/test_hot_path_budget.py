@@ -15,6 +15,8 @@ one that must make it dearer raises it there too, and says why in the commit.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import platform
 import sys
 from collections.abc import Callable, Iterator
@@ -36,57 +38,57 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 #: Per workload: Python calls per item (put, enqueue, job), then statements per item.
 #: Keyed by (vendor, Django major.minor, Python major.minor).
-#: Measured at the commit that added this test (issue 43's starting point); lower them as the
-#: paths get cheaper.
+#: Measured in CI's virtualenvs, the drivers' own calls left out (see DRIVER_DIRS); lower them as
+#: the paths get cheaper (the test fails when a path costs a call less than its budget says).
 BUDGETS: dict[tuple[str, str, str], dict[str, tuple[float, float]]] = {
     ("sqlite", "5.2", "3.11"): {
-        "put": (188, 1),
-        "keyed put": (200, 1),
-        "put_many": (208, 0),
-        "enqueue": (267, 1),
-        "drain": (37.0, 0.04),
+        "put": (109, 1),
+        "keyed put": (112, 1),
+        "put_many": (190, 0),
+        "enqueue": (153, 1),
+        "drain": (36.9, 0.04),
     },
     ("sqlite", "6.0", "3.13"): {
-        "put": (186, 1),
-        "keyed put": (198, 1),
-        "put_many": (206, 0),
-        "enqueue": (257, 1),
-        "drain": (37.0, 0.04),
+        "put": (106, 1),
+        "keyed put": (109, 1),
+        "put_many": (187, 0),
+        "enqueue": (146, 1),
+        "drain": (36.7, 0.04),
     },
     ("sqlite", "6.1", "3.12"): {
-        "put": (188, 1),
-        "keyed put": (200, 1),
-        "put_many": (207, 0),
-        "enqueue": (260, 1),
+        "put": (108, 1),
+        "keyed put": (111, 1),
+        "put_many": (188, 0),
+        "enqueue": (148, 1),
         "drain": (39.0, 0.04),
     },
     ("postgresql", "5.2", "3.11"): {
-        "put": (229, 1),
-        "keyed put": (239, 1),
-        "put_many": (187, 0),
-        "enqueue": (306, 1),
-        "drain": (31.4, 0.02),
+        "put": (114, 1),
+        "keyed put": (115, 1),
+        "put_many": (165, 0),
+        "enqueue": (156, 1),
+        "drain": (27.8, 0.02),
     },
     ("postgresql", "6.1", "3.12"): {
-        "put": (229, 1),
-        "keyed put": (239, 1),
-        "put_many": (181, 0),
-        "enqueue": (299, 1),
-        "drain": (31.3, 0.02),
+        "put": (113, 1),
+        "keyed put": (114, 1),
+        "put_many": (156, 0),
+        "enqueue": (151, 1),
+        "drain": (29.8, 0.02),
     },
     ("mysql", "5.2", "3.11"): {
-        "put": (220, 1),
-        "keyed put": (231, 1),
-        "put_many": (229, 0),
-        "enqueue": (299, 1),
-        "drain": (80.7, 0.052),
+        "put": (106, 1),
+        "keyed put": (109, 1),
+        "put_many": (190, 0),
+        "enqueue": (150, 1),
+        "drain": (72.5, 0.05),
     },
     ("mysql", "6.1", "3.12"): {
-        "put": (220, 1),
-        "keyed put": (231, 1),
-        "put_many": (228, 0),
-        "enqueue": (292, 1),
-        "drain": (84.3, 0.052),
+        "put": (105, 1),
+        "keyed put": (108, 1),
+        "put_many": (189, 0),
+        "enqueue": (145, 1),
+        "drain": (76.0, 0.05),
     },
 }
 #: How far over its budget a count may go, in calls per item (and statements per item): a put's
@@ -104,14 +106,33 @@ ALLOWED: dict[str, Callable[[float], float]] = {
 N = 300
 
 
+def _driver_dirs() -> tuple[str, ...]:
+    """The folders of the database drivers' own Python code (psycopg's is mostly Python)."""
+    found = []
+    for name in ("psycopg", "psycopg_pool", "MySQLdb"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            found.extend(os.path.join(path, "") for path in spec.submodule_search_locations)
+    return tuple(found)
+
+
+#: Calls inside a driver are not counted: psycopg's wait loop runs once per readiness of its
+#: socket, so its count follows how fast the server answers (CI's run 1 on a loaded machine:
+#: put_many 188 calls an item against 181 quiet). What the driver does per statement is the
+#: floor under every path (bench/'s "put's statement through the bare driver"); the statements
+#: themselves are counted.
+DRIVER_DIRS = _driver_dirs()
+
+
 class _Calls:
-    """Python function calls made in this thread while it is entered (``sys.setprofile``)."""
+    """Python function calls made in this thread while it is entered (``sys.setprofile``),
+    but those of the database driver's own code."""
 
     def __init__(self) -> None:
         self.n = 0
 
     def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call":
+        if event == "call" and not frame.f_code.co_filename.startswith(DRIVER_DIRS):
             self.n += 1
 
     def __enter__(self) -> _Calls:
@@ -187,6 +208,12 @@ def _hold(workload: str, measured: tuple[float, float]) -> None:
     assert calls <= budget[0] + allowed(budget[0]), (
         f"{said}; budget {budget[0]} calls: work was added per item"
     )
+    # A budget follows the code down too: one left far above what a path costs would let work
+    # creep back unseen (lower it to the count said here, in the commit that saved the calls).
+    # Only a line's own budget: another line's is the loosest of its vendor, not its count.
+    assert workload not in BUDGETS.get(_line(), {}) or calls >= budget[0] - max(
+        1.0, 2 * allowed(budget[0])
+    ), f"{said}; budget {budget[0]} calls: the path got cheaper, lower its budget to this count"
     assert statements <= budget[1] + allowed(budget[1]) / 10 + 0.002, (
         f"{said}; budget {budget[1]} statements: a statement was added"
     )

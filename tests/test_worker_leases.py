@@ -173,7 +173,9 @@ def test_a_fifo_task_of_a_consumer_taken_for_dead_is_not_started(clock, stalled_
             if first.id in taken:  # the running one went too: the rival leaves it
                 tube.release(first.id, consumer="rival")
 
-    handler = Handler("tube", "lease-fifo", handle, "lease-fifo", batch=2, batch_time=0, create={"type": "fifo"})
+    handler = Handler(
+        "tube", "lease-fifo", handle, "lease-fifo", batch=2, batch_time=0, create={"type": "fifo"}
+    )
     _burst(handler)
     assert ("worker", "second") not in ran, ran
     assert ran.count(("rival", "second")) == 1

@@ -42,11 +42,19 @@ if TASKS_AVAILABLE:
             self._results = Results(self)
             self._enqueuer = Enqueuer(self, self._results)
             self._runner = TaskRunner(self, self._results)
+            # What an enqueue checks once, not per call: the app registry that was found to
+            # hold django_taskloop (a test's new INSTALLED_APPS makes a registry of its own), and
+            # the tasks Django's validate_task passed (a Task is frozen: the same one passes again).
+            self._installed_in: object = None
+            self._validated: set[DjangoTask] = set()
 
         def _refuse_if_not_installed(self) -> None:
             # Django 6 checks backends only once django.tasks is imported: fail clearly at use too.
+            if self._installed_in is apps.app_configs:
+                return
             if (error := self._not_installed()) is not None:
                 raise ImproperlyConfigured(f"{error.msg} {error.hint}")
+            self._installed_in = apps.app_configs
 
         def _not_installed(self) -> checks.Error | None:
             if apps.is_installed("django_taskloop"):
@@ -77,12 +85,25 @@ if TASKS_AVAILABLE:
             return shards.backend_databases(self.options.get("DATABASES"))
 
         def validate_task(self, task: DjangoTask) -> None:
+            # Django's checks read only the task's fields and this backend's features and
+            # queues, which do not change: a task that passed passes again (enqueue validates
+            # every call: a dozen calls the less on its hot path).
+            try:
+                if task in self._validated:
+                    return
+            except TypeError:  # a task holding an unhashable value: checked every time
+                pass
             super().validate_task(task)
             # The queue name becomes part of a tube name; the function must not be a generator.
-            # Checked once per queue name and function; asked here first, as enqueue validates
-            # every call (a call the less on its hot path).
+            # Checked once per queue name and function.
             if (task.queue_name, task.func) not in CHECKED:
                 check_task(task)
+            if len(self._validated) >= 1024:  # tasks made per call (using(run_after=…)): bounded
+                self._validated.clear()
+            try:
+                self._validated.add(task)
+            except TypeError:
+                pass
 
         def enqueue(
             self, task: DjangoTask, args: Iterable[object], kwargs: Mapping[str, object]

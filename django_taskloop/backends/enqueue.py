@@ -35,6 +35,10 @@ __all__ = ["Enqueuer", "check_task"]
 Call = dict[str, Any]
 
 
+#: The types normalize_json gives back as they are (exactly these: a subclass may not be).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 class Enqueuer:
     """Put a backend's calls in their queues' tubes and return their results."""
 
@@ -46,10 +50,12 @@ class Enqueuer:
         self, task: DjangoTask, args: Iterable[object], kwargs: Mapping[str, object]
     ) -> DjangoTaskResult:
         """The put of ``TaskloopBackend.enqueue`` (``task`` checked already)."""
+        args, kwargs = list(args), dict(kwargs)
         call: Call = {
             "task": task.module_path,
-            "args": normalize_json(list(args)),
-            "kwargs": normalize_json(dict(kwargs)),
+            # Arguments that are all plain values are their own normal form (no call per value).
+            "args": args if _SCALARS.issuperset(map(type, args)) else normalize_json(args),
+            "kwargs": kwargs if _SCALARS.issuperset(map(type, kwargs.values())) else normalize_json(kwargs),
             "backend": self.backend.alias,
             "queue": task.queue_name,
         }

@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import AutoField, Field, Model
 
 from . import compiler, kept
 from .transactions import run_in_transaction
-from .vendor import DbNow, features, notifying
+from .vendor import DbNow, features, features_of, notifying
 
 
 def insert(
@@ -21,6 +22,7 @@ def insert(
     returning: Sequence[str] = (),
     notify: str | None = None,
     only_if: Model | None = None,
+    connection: BaseDatabaseWrapper | None = None,
 ) -> bool:
     """INSERT ``objs`` (instances of one model) in one statement, as ``save()`` would write them.
 
@@ -39,6 +41,7 @@ def insert(
     at once that a parent is gone, and writes nothing, without a look-up before the INSERT or a
     savepoint around it. (On MySQL/MariaDB an ``INSERT … SELECT`` takes the table's
     auto-increment lock for the statement: outside a transaction the foreign key does the job.)
+    ``connection``: ``using``'s, where the caller has it already (a put: a look-up costs calls).
     """
     if not objs:
         return True
@@ -46,17 +49,17 @@ def insert(
         raise ValueError(f"only_if guards one row, not {len(objs)}")
     model = type(objs[0])
     opts = model._meta
-    connection = connections[using]
+    connection = connections[using] if connection is None else connection
     fields, returned = insert_fields(model, returning)
     one_statement = connection.features.can_return_rows_from_bulk_insert or (
         len(objs) == 1 and connection.features.can_return_columns_from_insert
     )
     if one_statement:
-        return _insert_returning(objs, using, fields, returned, notify, only_if)
+        return _insert_returning(objs, using, fields, returned, notify, only_if, connection)
     # MySQL: no RETURNING. One INSERT per row for its key, then read back what the database
     # computed.
     for obj in objs:
-        if not _insert_returning([obj], using, fields, [opts.pk], notify, only_if):
+        if not _insert_returning([obj], using, fields, [opts.pk], notify, only_if, connection):
             return False  # (only_if holds one row)
     if returning:
         by_pk = model._base_manager.db_manager(using).only(*returning).in_bulk([obj.pk for obj in objs])
@@ -160,9 +163,10 @@ def _insert_returning(
     returned: list[Any],
     notify: str | None,
     only_if: Model | None = None,
+    connection: BaseDatabaseWrapper | None = None,
 ) -> bool:
-    connection = connections[using]
-    notify = notify if notify is not None and features(using).notify else None
+    connection = connections[using] if connection is None else connection
+    notify = notify if notify is not None and features_of(connection).notify else None
     statement = None
     if len(objs) == 1 and connection.features.can_return_columns_from_insert:
         # The hot path (a put): the statement Django would build, compiled once per shape.

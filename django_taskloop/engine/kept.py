@@ -312,7 +312,8 @@ class OneRowInsert:
         # Held so that their ids, part of this statement's key, are not reused.
         self.field_lists = (fields, returned)
         # Per field: its DbNow shape, whether it reads its value through pre_save (auto_now
-        # dates and fields that override it), and whether it stores None as NULL as is.
+        # dates and fields that override it), whether it stores None as NULL as is, and the
+        # type of value it sends as it is (None: every value goes through the field).
         self.fields = [
             (
                 field,
@@ -320,6 +321,7 @@ class OneRowInsert:
                 field.attname,
                 _own_pre_save(field),
                 field.get_db_prep_save(None, connection) is None,
+                _sent_as_is(field, connection),
             )
             for field in fields
         ]
@@ -329,14 +331,22 @@ class OneRowInsert:
         """The statement's parameters for ``obj`` (and the guard's key), as the compiler would
         prepare them."""
         params: list[Any] = []
-        for field, now, attname, pre_save, none_is_null in self.fields:
+        values = obj.__dict__
+        for field, now, attname, pre_save, none_is_null, as_is in self.fields:
             if now is None:
-                value = field.pre_save(obj, True) if pre_save else getattr(obj, attname)
+                if pre_save:
+                    value = field.pre_save(obj, True)
+                else:
+                    value = values[attname]
+                    # The common case costs no call: a value the field would send unchanged.
+                    if (value is None and none_is_null) or type(value) is as_is:
+                        params.append(value)
+                        continue
                 params.append(
                     None if value is None and none_is_null else field.get_db_prep_save(value, connection)
                 )
             else:
-                value = getattr(obj, attname)
+                value = values[attname]
                 params.extend(getattr(value, f"as_{connection.vendor}")(None, connection)[1])
         if only_if is not None:
             pk = only_if._meta.pk
@@ -351,6 +361,31 @@ class OneRowInsert:
 
 _one_row_inserts: dict[tuple[Any, ...], OneRowInsert] = {}
 on_clock_change(_one_row_inserts.clear)
+
+
+#: A sample value of each type a field may send unchanged (see :func:`_sent_as_is`).
+_SAMPLES: tuple[Any, ...] = (12345, "taskloop", 1.5, True)
+
+
+def _sent_as_is(field: Any, connection: BaseDatabaseWrapper) -> type | None:
+    """The type of value ``field`` sends to ``connection`` unchanged, if any: the one whose
+    sample its ``get_db_prep_save`` gives back as the very same object (an integer field and an
+    int, a char field and a str, …), so that a put can send such a value without the field's
+    calls. ``None``: none (a date, a JSON document), or a field whose class changes
+    ``get_db_prep_save`` or ``get_db_prep_value`` beyond Django's own."""
+    kind = type(field)
+    methods = ("get_db_prep_save", "get_db_prep_value", "get_prep_value", "to_python")
+    if not all(getattr(kind, name).__module__.startswith("django.db.models.") for name in methods):
+        return None  # a field of someone's own may change a value as it likes
+    for sample in _SAMPLES:
+        try:
+            if field.get_db_prep_save(sample, connection) is sample and type(field.to_python(sample)) is type(
+                sample
+            ):
+                return type(sample)
+        except Exception:  # (a value of another kind: ValidationError, TypeError, ValueError)
+            continue
+    return None
 
 
 def _own_pre_save(field: Any) -> bool:
@@ -389,8 +424,18 @@ def one_row_insert(
 ) -> OneRowInsert | None:
     """The kept statement for ``obj``'s shape; None if a value is an expression other than
     :class:`DbNow` (the compiler handles those)."""
+    values = obj.__dict__
+    # The shape, field by field: a call only for a value that is not plain (a DbNow).
+    plain = _PLAIN
     try:
-        nows = tuple([_shape_of(field, obj) for field in fields])
+        nows = tuple(
+            [
+                None
+                if (value := values[field.attname]) is None or type(value) in plain
+                else _shape_of(field, obj)
+                for field in fields
+            ]
+        )
     except TypeError:
         return None
     guard = None if only_if is None else type(only_if)

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from django.db import DatabaseError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model
 
 from ..conf import setting
@@ -46,6 +47,7 @@ def run_in_transaction(
     alone: bool = False,
     lock_first: bool = True,
     pin: bool = False,
+    connection: BaseDatabaseWrapper | None = None,
 ) -> T:
     """Run ``work()`` in a write transaction, retrying deadlocks and lock timeouts.
 
@@ -62,14 +64,16 @@ def run_in_transaction(
     (``Features.pin_plans``, PostgreSQL) the transaction first pins the plans that such
     statements need. Only in a transaction of our own: inside a caller's it would change the
     caller's later statements. Work that is one statement then runs in a transaction too.
+    ``connection``: ``using``'s, where the caller has it already (each look-up costs calls).
     """
-    outermost = not connections[using].in_atomic_block
+    connection = connections[using] if connection is None else connection
+    outermost = not connection.in_atomic_block
     if pin and outermost and features(using).pin_plans:
         work, alone = _pinned(using, work), False
     attempt = 0
     while True:
         try:
-            return _run_once(model, using, work, outermost, savepoint, alone, lock_first)
+            return _run_once(model, using, work, outermost, savepoint, alone, lock_first, connection)
         except (DatabaseError, DatabaseBusy) as raised:
             _give_up_unless_retryable(raised, using, outermost, attempt)
             attempt += 1
@@ -96,21 +100,23 @@ def _run_once(
     savepoint: bool,
     alone: bool,
     lock_first: bool,
+    connection: BaseDatabaseWrapper,
 ) -> T:
     """One try of :func:`run_in_transaction`."""
     if alone:
-        # As save() does: inside a caller's transaction an error marks it for rollback.
-        with transaction.mark_for_rollback_on_error(using):
-            if not outermost:
+        if not outermost:
+            # As save() does: inside a caller's transaction an error marks it for rollback.
+            with transaction.mark_for_rollback_on_error(using):
                 return work()
-            with writers_in_turn(using):
-                return work()
+        # (Outside one that marks nothing: autocommit.)
+        with writers_in_turn(using, connection):
+            return work()
     if not outermost:
         with write_transaction(model, using, savepoint=savepoint, lock_first=lock_first):
             return work()
     # SQLite: our own writers queue for the write lock (see writers_in_turn), and the
     # next one's turn comes at the commit, before the on_commit hooks run.
-    with writers_in_turn(using) as let_go, write_transaction(model, using, lock_first=lock_first):
+    with writers_in_turn(using, connection) as let_go, write_transaction(model, using, lock_first=lock_first):
         transaction.on_commit(let_go, using=using)
         return work()
 

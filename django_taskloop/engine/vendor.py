@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateTimeField, Expression, Index, Q, Value
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -110,7 +111,12 @@ def _features(alias: str, vendor: str, skip_locked: bool, of: bool, returning: b
 
 def features(using: str) -> Features:
     """Return the :class:`Features` of database alias ``using``."""
-    connection = connections[using]
+    return features_of(connections[using])
+
+
+def features_of(connection: BaseDatabaseWrapper) -> Features:
+    """Return the :class:`Features` of Django connection ``connection`` (:func:`features`, for a
+    caller that has the connection already)."""
     skip = False
     of = False
     if connection.vendor != "sqlite":
@@ -120,7 +126,7 @@ def features(using: str) -> Features:
         of = bool(connection.features.has_select_for_update_of)
     # SQLite has RETURNING (for UPDATE too) where Django says it can return insert columns.
     returning = bool(connection.features.can_return_columns_from_insert)
-    return _features(using, connection.vendor, skip, of, returning)
+    return _features(connection.alias, connection.vendor, skip, of, returning)
 
 
 # -- the test clock ------------------------------------------------------------------------------
@@ -293,14 +299,15 @@ def _now_sql(connection: Any) -> tuple[str, list[Any]]:
     return sql
 
 
-def data_files(using: str) -> list[str]:
+def data_files(using: str, connection: BaseDatabaseWrapper | None = None) -> list[str]:
     """Return the files that change when any connection commits to database ``using``.
 
     SQLite: the database file and its write-ahead log (a commit writes one of them), which a
     waiter can watch for changes made by other processes without asking the database.
-    Elsewhere (a server), or for an in-memory database: none.
+    Elsewhere (a server), or for an in-memory database: none. ``connection``: ``using``'s,
+    where the caller has it already.
     """
-    connection = connections[using]
+    connection = connections[using] if connection is None else connection
     if connection.vendor != "sqlite":
         return []
     name = str(connection.settings_dict["NAME"] or "")
@@ -338,7 +345,9 @@ def _let_go(fd: int | None) -> None:
 
 
 @contextmanager
-def writers_in_turn(using: str) -> Iterator[Callable[[], None]]:
+def writers_in_turn(
+    using: str, connection: BaseDatabaseWrapper | None = None
+) -> Iterator[Callable[[], None]]:
     """On SQLite (a database file), hold an exclusive lock on a file beside the database for
     the time of a write transaction; elsewhere, nothing.
 
@@ -354,7 +363,7 @@ def writers_in_turn(using: str) -> Iterator[Callable[[], None]]:
     first ``on_commit`` hook: the hooks after it run with the turn free); letting go twice
     is harmless.
     """
-    files = data_files(using) if fcntl is not None else []
+    files = data_files(using, connection) if fcntl is not None else []
     fd = _turn_file(files[0]) if files else None
     if fd is None:
         yield lambda: None

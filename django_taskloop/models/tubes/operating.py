@@ -50,6 +50,23 @@ def _check_put_options(pri: Any, ttl: Any, ttr: Any, delay: Any, utube: Any) -> 
     return pri, ttl, ttr, delay, utube
 
 
+def _task_layout() -> tuple[list[str], list[Any]]:
+    """``Task``'s fields in the order ``Task(*values)`` takes them, and a new task's values
+    (``Task()``'s: its defaults), made once."""
+    global _TASK_LAYOUT
+    if _TASK_LAYOUT is None:
+        fields = Task._meta.concrete_fields
+        blank = Task()
+        _TASK_LAYOUT = (
+            [field.attname for field in fields],
+            [getattr(blank, field.attname) for field in fields],
+        )
+    return _TASK_LAYOUT
+
+
+_TASK_LAYOUT: tuple[list[str], list[Any]] | None = None
+
+
 class TubeOperating(TubeCore):
     """A tube's producer and operator side (see the module's text, and :class:`Tube`)."""
 
@@ -116,7 +133,8 @@ class TubeOperating(TubeCore):
         ready = any(task.state == READY for task in tasks)
         returning = ["ttl_at", "event_at"] if self._has_ttl else []
         channel = wakeup.channel(pk) if ready else None
-        inside = connections[using].in_atomic_block
+        connection = connections[using]
+        inside = connection.in_atomic_block
         # Outside a transaction the foreign key says at once that the tube is gone (below).
         guard = self if len(tasks) == 1 and inside else None
         check_exists = check_exists and guard is None and inside
@@ -135,12 +153,14 @@ class TubeOperating(TubeCore):
                     [*rows, task], using, returning=[*names, returning], notify=channel, only_if=guard
                 )
             for chunk in chunks:
-                if not engine.insert(chunk, using, returning=returning, notify=channel, only_if=guard):
+                if not engine.insert(
+                    chunk, using, returning=returning, notify=channel, only_if=guard, connection=connection
+                ):
                     return False
             return True
 
         try:
-            written = engine.run_in_transaction(Task, using, work, alone=alone)
+            written = engine.run_in_transaction(Task, using, work, alone=alone, connection=connection)
         except IntegrityError:
             self._ensure_exists()
             raise
@@ -155,22 +175,25 @@ class TubeOperating(TubeCore):
 
     def _new_task(self, data: Any, pri: Any, ttl: Any, ttr: Any, delay: Any, utube: Any) -> Task:
         """Build (not save) a task as ``put`` makes it (deadlines on the database's clock)."""
-        task = Task(tube_id=self.pk, data=data, state=READY)
+        names, blank = _task_layout()
+        values = dict(zip(names, blank, strict=True))
+        values["tube_id"], values["data"] = self.pk, data
         if self._is_utube:
-            task.utube = utube
+            values["utube"] = utube
         if self._has_ttl:
-            task.pri = pri if pri is not None else (self.pri or 0)
+            values["pri"] = pri if pri is not None else (self.pri or 0)
             ttl = ttl if ttl is not None else self.ttl
             # The default ttr is the tube's ttr, else the tube's ttl (not the task's ttl).
-            task.ttr = ttr if ttr is not None else (self.ttr if self.ttr is not None else self.ttl)
+            values["ttr"] = ttr if ttr is not None else (self.ttr if self.ttr is not None else self.ttl)
             delay = delay if delay and delay > 0 else 0.0
             if delay:
-                task.state = DELAYED
-                task.event_at = engine.DbNow(min(delay, MAX_SECONDS))
+                values["state"] = DELAYED
+                values["event_at"] = engine.DbNow(min(delay, MAX_SECONDS))
             if ttl is not None:
                 # A delay extends the lifetime: a delayed task lives delay + ttl.
-                task.ttl_at = engine.DbNow(min(ttl + delay, MAX_SECONDS))
-        return task
+                values["ttl_at"] = engine.DbNow(min(ttl + delay, MAX_SECONDS))
+        # Every field given in order, as from_db does: no field's default is asked for.
+        return Task(*[values[name] for name in names])  # type: ignore[misc]  # (django-stubs reads one argument)
 
     def put_many(
         self,
