@@ -130,9 +130,12 @@ def family(pid: int) -> list[int]:
 
 
 @contextmanager
-def reloading_workers(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], Output]]:
+def reloading_workers(
+    tmp_path: Path, *args: str, group: bool = False
+) -> Iterator[tuple[subprocess.Popen[str], Output]]:
     """``manage.py workers --reload --only default *args``, the task module's directory on its
-    path; killed with its processes if still running at the end (a failed test)."""
+    path; killed with its processes if still running at the end (a failed test). ``group``: in
+    a process group of its own, as a shell's job (the group the test then signals)."""
     worker = start_workers(
         "--reload",
         "--only",
@@ -142,6 +145,7 @@ def reloading_workers(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.P
         TASKLOOP_OVERRIDES=json.dumps({"GRACE_PERIOD": 30, "HEARTBEAT_INTERVAL": 0.5}),
         PYTHONPATH=os.pathsep.join([str(tmp_path), child_env()["PYTHONPATH"]]),
         PYTHONDONTWRITEBYTECODE="1",
+        preexec_fn=os.setpgrp if group else None,
     )
     assert worker.stdout is not None
     output = Output(worker.stdout)
@@ -238,6 +242,33 @@ def test_a_stop_and_a_change_together_are_one_graceful_stop(
     assert output.count("SIGTERM, finishing work in hand") == 1, said
     assert "giving everything back now" not in said and "grace period over" not in said, said
     assert output.count("watching for file changes with") == 1, said
+    first.refresh()
+    assert first.return_value == "v1", said
+    assert logged("first:v1", "start") == logged("first:v1", "end") == 1, said
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_sent_to_the_whole_process_group_is_one_graceful_stop(
+    tasks: ModuleType, tmp_path: Path, signum: int
+) -> None:
+    """A terminal's Ctrl-C reaches every process of the foreground job, ``timeout`` signals its
+    whole process group: the reloader's parent and its child both get the signal. The child
+    must not take the parent's passing it on as a second one (stop now): found trying the
+    README's development setup, where one Ctrl-C cut the running handler off."""
+    release = tmp_path / "release"
+    with reloading_workers(tmp_path, group=True) as (worker, output):
+        first = tasks.version.enqueue("first", str(release))
+        wait_until(lambda: logged("first:v1", "start"), timeout=60)
+        os.killpg(worker.pid, signum)
+        time.sleep(2.5)  # time for a second signal to show
+        assert logged("first:v1", "end") == 0, output
+        release.touch()
+        assert worker.wait(timeout=60) == 0, output
+    said = str(output)
+    assert "giving everything back now" not in said and "grace period over" not in said, said
+    assert output.count("finishing work in hand") == 1, said
     first.refresh()
     assert first.return_value == "v1", said
     assert logged("first:v1", "start") == logged("first:v1", "end") == 1, said

@@ -17,8 +17,10 @@ before the restart:
   within the grace period; a supervisor passes it to its children). Once the workers have
   returned, the child exits with status 3.
 - The parent passes a stop signal on to the child and waits for it (``run_with_reloader``'s
-  parent exits at once, and its ``subprocess.run`` kills the child on the way out). A SIGINT
-  that a terminal's Ctrl-C sent to both is not passed on (it would be the child's second).
+  parent exits at once, and its ``subprocess.run`` kills the child on the way out). The child
+  runs in a process group of its own, so that a signal to the parent's whole group (a
+  terminal's Ctrl-C, ``timeout``, ``kill -TERM -PGID``) reaches the parent alone: the one the
+  parent passes on is the child's only one, never a second (the hard stop).
 
 With ``--processes N`` the child is the supervisor, and each worker process it forks watches
 as well: it may import modules that the supervisor never does (a Django Task's, run by path).
@@ -37,7 +39,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -90,13 +91,13 @@ class _Parent:
     POLL = 0.1
 
     def __init__(self) -> None:
-        # Each stop signal received, with whether to pass it on; how many were dealt with.
-        self.signals: list[tuple[int, bool]] = []
+        # Each stop signal received; how many were passed on (or found the workers reloading).
+        self.signals: list[int] = []
         self.passed = 0
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Only noted: the loop passes it on (a handler that sent it could run twice at once).
-        self.signals.append((signum, signum != signal.SIGINT or not _from_terminal()))
+        self.signals.append(signum)
 
     def run(self) -> int:
         args = autoreload.get_child_arguments()
@@ -108,7 +109,9 @@ class _Parent:
             os.set_inheritable(token, True)
             env = {**os.environ, autoreload.DJANGO_AUTORELOAD_ENV: "true", TOKEN: str(token)}
             try:
-                status = self._wait(subprocess.Popen(args, env=env, close_fds=False), token)
+                # Its own process group: a signal to this one's group is not the child's too.
+                child = subprocess.Popen(args, env=env, close_fds=False, process_group=0)
+                status = self._wait(child, token)
             finally:
                 os.close(token)
             if status != RELOAD:
@@ -121,30 +124,17 @@ class _Parent:
     def _wait(self, child: subprocess.Popen[bytes], token: int) -> int:
         """Wait for ``child`` to exit, passing the stop signals on; return its status."""
         while True:
-            for signum, pass_on in self.signals[self.passed :]:
+            for signum in self.signals[self.passed :]:
                 # The first stop takes the token, so that no change stops the workers after it;
                 # if a change took it, they are stopping already (gracefully).
                 reloading = self.passed == 0 and not _take(token)
                 self.passed += 1
-                if pass_on and not reloading:
+                if not reloading:
                     child.send_signal(signum)
             try:
                 return child.wait(timeout=self.POLL)
             except subprocess.TimeoutExpired:
                 pass
-
-
-def _from_terminal() -> bool:
-    """Say whether a SIGINT is a terminal's Ctrl-C: this process's group is the one in the
-    foreground of its terminal. The child, in the same group, had it too: passed on, it would
-    be a second one (stop now)."""
-    for stream in (sys.stdin, sys.stdout, sys.stderr):
-        try:
-            if stream is not None and stream.isatty():
-                return os.tcgetpgrp(stream.fileno()) == os.getpgrp()
-        except (OSError, ValueError):
-            continue
-    return False
 
 
 class _Child:
