@@ -65,6 +65,9 @@ KINDS = ("task", DJANGO_TASK, "job", "loop")
 #: How a table names a Django Tasks queue where tubes are named too (``default (tasks)``):
 #: typed back, it names that queue.
 TASKS_SUFFIX = " (tasks)"
+#: The suffixes that name a Django Tasks queue, typed back: the terminal's, and the admin's and
+#: the log's (``default (Django Tasks)``, a handler's title).
+_TASKS_SUFFIXES = (TASKS_SUFFIX, " (Django Tasks)")
 #: What each kind is called in sentences.
 KIND_WORDS = {"task": "tube", DJANGO_TASK: "Django Tasks queue", "job": "board", "loop": "loop"}
 _STATE_NAMES = {code: name for name, code in STORED_STATES.items()}
@@ -241,8 +244,9 @@ def resolve(text: str) -> Queue:
     kind, sep, name = text.partition(":")
     if not sep or kind not in KINDS:
         kind, name = "", text
-    if not kind and text.endswith(TASKS_SUFFIX):  # as ``failures`` shows one: "default (tasks)"
-        kind, name = DJANGO_TASK, text.removesuffix(TASKS_SUFFIX)
+    for suffix in _TASKS_SUFFIXES:  # as ``failures`` shows one, "default (tasks)", or the admin
+        if not kind and text.endswith(suffix):
+            kind, name = DJANGO_TASK, text.removesuffix(suffix)
     if not name.strip():
         raise QueueError("a queue name is empty")
     found = _candidates(kind or None, name)

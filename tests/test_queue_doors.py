@@ -218,3 +218,12 @@ def test_a_django_tasks_queue_pauses_and_resumes_as_one_on_every_shard(spread_ta
         rows = Tube.objects.using(alias).filter(name__in=["tasks.dq", "tasks-keyed.dq"])
         assert [tube.paused for tube in rows] == [False, False], alias
     assert len(resolve("dq").shards) == 4
+
+
+def test_a_django_tasks_queue_is_named_back_as_every_door_shows_it(spread_tasks):
+    """``failures`` shows ``dq (tasks)``, the admin and the logs ``dq (Django Tasks)``: typed
+    back, both name the queue (a fresh project's try found the admin's spelling refused)."""
+    queue = resolve("django_task:dq")
+    assert resolve("dq") == resolve("dq (tasks)") == resolve("dq (Django Tasks)") == queue
+    with pytest.raises(QueueError, match="no Django Tasks queue named 'nope'"):
+        resolve("nope (Django Tasks)")

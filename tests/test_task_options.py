@@ -641,3 +641,19 @@ def test_task_options_leave_another_backend_usable():
         assert made.enqueue(21).return_value == 42
     ours = task_options.task(max_attempts=5, ttl=60)(doubled)
     assert isinstance(ours, TaskloopTask) and (ours.max_attempts, ours.ttl) == (5, 60)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operators_retry_is_one_more_attempt_and_its_failure_says_so():
+    """A FAILED task retried (the admin's Retry, ``taskloop retry``) runs once more: its
+    failure names the attempt and says it was a retry (it read "failed", no attempt at all, when
+    tried from a fresh project), never "attempt 4 of 3"."""
+    result = t.always_fails.enqueue("boom")
+    said = [str(run_one()) for _ in range(3)]
+    assert "(attempt 3 of 3)" in said[-1], said
+    assert backend().retry(result.id).status == TaskResultStatus.READY
+    error = str(run_one())
+    assert "(attempt 4, one more after an operator's retry)" in error, error
+    assert "of 3" not in error, error
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and len(result.errors) == 4

@@ -175,7 +175,11 @@ class TaskRunner:
         # task_finished is sent inside the caller's except block: its receivers log with
         # logger.exception(), which needs the exception being handled.
         self._finish(manager, record, TaskRecordStatus.FAILED, None, error)
-        suffix = f" (attempt {attempt} of {most})" if most > 1 else ""
+        if options.get("retried"):
+            # The one attempt an operator's retry gave a task that had failed for good.
+            suffix = f" (attempt {attempt}, one more after an operator's retry)"
+        else:
+            suffix = f" (attempt {attempt} of {most})" if most > 1 else ""
         raise FailedForGood(f"task {record.id} ({record.task_path}) failed{suffix}") from error
 
     def _retry(

@@ -128,13 +128,14 @@ class Results:
             except (ImportError, TypeError) as error:
                 raise ValueError(f"{record.task_path} no longer names a Task: {error}") from None
             key = task_key(task, record.args, record.kwargs) if isinstance(task, TaskloopTask) else None
-            options: dict[str, object] = {"key": key} if key is not None else {}
+            # One more attempt (max_attempts is not carried: 1), which its worker says is a retry.
+            options: dict[str, object] = {"retried": True}
+            if key is not None:
+                options["key"] = key
             ttr = getattr(task, "ttr", None)
             if ttr is not None:
                 options["ttr"] = ttr
-            data: dict[str, object] = {"result": record.id, "task": record.task_path}
-            if options:
-                data["options"] = options
+            data: dict[str, object] = {"result": record.id, "task": record.task_path, "options": options}
             manager.filter(pk=record.pk).update(
                 status=TaskRecordStatus.READY, finished_at=None, return_value=None, ttl=None
             )
