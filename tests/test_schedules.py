@@ -347,7 +347,9 @@ def test_missed_ticks_run_once_and_no_schedule_runs_none():
     assert done.returncode == 0, done.stderr
     assert logged("periodic") == 1
     yearly = row("t-yearly")
-    assert yearly.runs == 1 and yearly.next_run_at > db_now() + dt.timedelta(days=30)
+    # Its next tick is the next 1 January (not now again; "30 days on" failed from 2 December).
+    assert yearly.runs == 1 and yearly.next_run_at > db_now() + dt.timedelta(hours=1)
+    assert (yearly.next_run_at.month, yearly.next_run_at.day) == (1, 1)
     # A run that raises is kept as a failure and not retried: the next tick is the retry.
     assert logged("periodic-broken") == 1
     assert "t-broken fails on purpose" in row("t-broken").last_error
