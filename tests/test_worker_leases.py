@@ -210,3 +210,22 @@ def test_a_renewal_that_failed_adds_its_time_to_the_next(monkeypatch):
     assert driver.renew([task]) is True
     gained = (Task.objects.get(pk=task.pk).event_at - after_first).total_seconds()
     assert gained >= 0.3, gained
+
+
+def test_a_task_without_a_ttr_in_a_batch_of_leased_ones_is_confirmed_by_its_owner(clock, stalled_heartbeat):
+    """A fifottl task with no ttr has no deadline to push: confirmed by who holds it, not by a
+    touch of an infinite increment."""
+    tube = Tube.objects.create_tube("lease-mixed", "fifottl")
+    tube.put("first", ttr=30)
+    tube.put("second")  # no ttr: held until its consumer is gone
+    ran: list[str] = []
+
+    def handle(task: Any) -> None:
+        ran.append(task.data)
+        if task.data == "first":
+            clock.advance(25)  # past the batch's margin (the first's ttr), within its lease
+
+    handler = Handler("tube", "lease-mixed", handle, "lease-mixed", batch=2, batch_time=0, create=FIFOTTL)
+    _burst(handler)
+    assert ran == ["first", "second"]
+    assert tube.statistics()["tasks"]["total"] == 0

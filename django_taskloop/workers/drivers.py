@@ -409,12 +409,13 @@ class TubeDriver(Driver["Task"]):
         return min([task.ttr for task in items if task.ttr], default=math.inf)
 
     def confirm(self, item: Task) -> bool:
-        if not self._ttl_type():
-            # Held while this consumer is alive: it beats now, and the task is still its own.
+        if not self._ttl_type() or not item.ttr:
+            # No ttr to push: held while this consumer is alive. It beats now, and the task is
+            # still its own.
             self.beat()
             return self._owns(item)
         # touch_many touches only what this consumer holds with its ttr not run out.
-        return self.tube.touch_many([item.id], item.ttr or self.lease_of([item]), consumer=self.identity) == 1
+        return self.tube.touch_many([item.id], item.ttr, consumer=self.identity) == 1
 
     def _owns(self, item: Task) -> bool:
         try:
