@@ -19,6 +19,7 @@ import importlib.util
 import os
 import platform
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -28,7 +29,8 @@ import django
 import pytest
 from django.db import connection
 
-from django_taskloop.models import Tube
+from django_taskloop.models import Tube, operating
+from django_taskloop.models.tubes import claiming
 from django_taskloop.workers import Handler
 from django_taskloop.workers.runner import Worker
 
@@ -156,6 +158,14 @@ def _statements() -> Iterator[list[str]]:
         yield sent
 
 
+#: The statements of the last measure's two runs, by their first words: what a failure shows.
+_SENT: dict[int, list[str]] = {}
+
+
+def _kinds(sent: list[str]) -> Counter[str]:
+    return Counter(" ".join(sql.split()[:3]) for sql in sent)
+
+
 def _measure(
     run: Callable[[int], None], n: int = N, prepare: Callable[[int], None] | None = None
 ) -> tuple[float, float]:
@@ -164,6 +174,7 @@ def _measure(
     out and what each item costs is not. Counted in runs of their own each way: the statement
     count's wrapper would be counted as calls. ``prepare(count)`` runs first, uncounted."""
     counted: dict[int, tuple[int, int]] = {}
+    _SENT.clear()
     for count in (n, 2 * n):
         if prepare is not None:
             prepare(count)
@@ -174,6 +185,7 @@ def _measure(
         with _statements() as sent:
             run(count)
         counted[count] = (calls.n, len(sent))
+        _SENT[count] = sent
     return (
         (counted[2 * n][0] - counted[n][0]) / n,
         (counted[2 * n][1] - counted[n][1]) / n,
@@ -214,9 +226,14 @@ def _hold(workload: str, measured: tuple[float, float]) -> None:
     assert workload not in BUDGETS.get(_line(), {}) or calls >= budget[0] - max(
         1.0, 2 * allowed(budget[0])
     ), f"{said}; budget {budget[0]} calls: the path got cheaper, lower its budget to this count"
-    assert statements <= budget[1] + allowed(budget[1]) / 10 + 0.002, (
-        f"{said}; budget {budget[1]} statements: a statement was added"
-    )
+    if statements > budget[1] + allowed(budget[1]) / 10 + 0.002:
+        runs = sorted(_SENT)
+        more = _kinds(_SENT[runs[-1]])
+        more.subtract(_kinds(_SENT[runs[0]]))
+        raise AssertionError(  # which statements came more often says what was added
+            f"{said}; budget {budget[1]} statements: a statement was added "
+            f"(the longer run's statements less the shorter one's, by kind: {dict(+more)})"
+        )
 
 
 def test_a_put_s_work_is_within_its_budget():
@@ -255,8 +272,16 @@ def _noop(task: Any) -> None:
     return None
 
 
-def test_a_drained_job_s_work_is_within_its_budget():
-    """A no-op handler over a fifo tube, batches of 100 (batch_time 0: sizes fixed, not measured)."""
+def test_a_drained_job_s_work_is_within_its_budget(monkeypatch: pytest.MonkeyPatch):
+    """A no-op handler over a fifo tube, batches of 100 (batch_time 0: sizes fixed, not measured).
+
+    Two reads come by the clock, not by the item: the claim's look at a pause (cached for half a
+    second) and its look for dead consumers (once a second). A run that lasts longer on a loaded
+    machine sends more of them (CI on MariaDB: 12 more over 3,000 jobs, 0.054 statements a job
+    against 0.050), so here they come once a run: a claim that looked every time would still show.
+    """
+    monkeypatch.setattr(operating, "PAUSE_CACHE_SECONDS", 3600.0)
+    monkeypatch.setattr(claiming, "_STALE_CHECK_EVERY", 3600.0)
     tube = Tube.objects.create_tube("hot-drain", "fifo")
     handler = Handler(
         "tube", "hot-drain", _noop, "hot-drain", batch=100, batch_time=0, create={"type": "fifo"}
