@@ -29,6 +29,13 @@ if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q -e ".[$extras]" ${DJANGO:+"$DJANGO"}
   touch "$stamp"
 fi
+# Most tests start worker processes, each of which imports the package: with
+# PYTHONDONTWRITEBYTECODE set, every one of them compiled it from source again (0.14 s of CPU of
+# its 0.74 s). Compiled code is kept under the virtualenv instead, so the tree stays clean.
+if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
+  unset PYTHONDONTWRITEBYTECODE
+  export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$(cd "$VENV" && pwd)/.pycache}"
+fi
 export TASKLOOP_TEST_SUFFIX="${TASKLOOP_TEST_SUFFIX:-run$$}"
 TMPDIR="$(mktemp -d "${TMPDIR:-/tmp}/taskloop-tests.XXXXXX")"
 chmod 755 "$TMPDIR"  # the throwaway PostgreSQL server runs as postgres and lives in here
