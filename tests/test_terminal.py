@@ -28,7 +28,14 @@ from django_taskloop.models import ConsumedJob, Failure, Job, JobBoard, Task, Ta
 from django_taskloop.testing import run_queued
 from tests.testapp.models import IntLoop
 
-from .workers_util import ROOT, child_env, explode, manage, run_workers, taskloop
+from .workers_util import ROOT, child_env, explode, manage, run_workers
+from .workers_util import taskloop as taskloop_process
+from .workers_util import taskloop_here as taskloop
+
+# The terminal runs in this process (taskloop_here: what a process start would cost, 54 times,
+# without it) but where only a process shows it: Django's options and the exit of a refusal's
+# --traceback, the command line's unknown options (taskloop_process), --watch's signals and
+# other databases (their own subprocesses).
 
 try:
     from django.tasks import TaskResultStatus
@@ -211,13 +218,13 @@ def test_djangos_own_options_go_after_the_action_too():
     )
     assert run.returncode == 0 and row(run.stdout, "t-known")[1] == "0", run.stderr
     # --traceback after the action: Django's (a refusal shows its traceback)...
-    traced = taskloop("pause", "t-nope", "--traceback")
+    traced = taskloop_process("pause", "t-nope", "--traceback")
     assert traced.returncode != 0 and "Traceback (most recent call last)" in traced.stderr, traced.stderr
     # ... but for failures its own: each failure's traceback.
-    assert taskloop("failures", "--traceback").stdout == "No failures.\n"
+    assert taskloop_process("failures", "--traceback").stdout == "No failures.\n"
     # An option nobody knows, before or after the action: one line, status 2.
     for args in (("status", "--bogus"), ("--bogus", "status")):
-        bad = taskloop(*args)
+        bad = taskloop_process(*args)
         assert bad.returncode == 2 and bad.stdout == "", bad
         assert bad.stderr.count("\n") == 1 and "unrecognized arguments: --bogus" in bad.stderr, bad.stderr
 
