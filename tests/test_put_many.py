@@ -24,6 +24,9 @@ def test_put_many_puts_every_item_in_order_with_the_puts_options(django_capture_
         tube.on_task_change(None)  # (a callback left behind would watch the next tube of this id)
     assert [t.data for t in tasks] == [{"n": n} for n in range(250)]
     assert all(t.id for t in tasks) and len({t.id for t in tasks}) == 250
+    # Each task has the id of its own row (RETURNING's rows taken in the order of VALUES).
+    rows = dict(tube.tasks.values_list("id", "data"))
+    assert [rows[t.id] for t in tasks] == [{"n": n} for n in range(250)]
     assert all(t.state == "r" and t.pri == 3 and t.ttr == 30 for t in tasks)
     assert all(t.ttl_at is not None for t in tasks)
     stats = tube.statistics()

@@ -181,6 +181,10 @@ def _insert_returning(
             return False  # guarded, and the guard is gone: nothing written
         _set_returned(obj, using, statement.convert(row, connection), returned)
         return True
+    elif len(objs) > 1 and only_if is None and connection.features.can_return_rows_from_bulk_insert:
+        # Several rows (a put_many's chunk), each of one shape: the kept row, once per row.
+        if _insert_many(objs, using, fields, returned, notify, connection):
+            return True
     if only_if is not None and not _exists(only_if, using):
         return False
     channel = notify
@@ -188,6 +192,39 @@ def _insert_returning(
     rows = compiler.execute_insert(objs, using, fields, returned, wrap)
     for obj, row in zip(objs, rows, strict=False):
         _set_returned(obj, using, row, returned)
+    return True
+
+
+def _insert_many(
+    objs: Sequence[Model],
+    using: str,
+    fields: list[Any],
+    returned: list[Any],
+    notify: str | None,
+    connection: BaseDatabaseWrapper,
+) -> bool:
+    """Write ``objs`` with the kept statement of their shape, one ``VALUES`` row each, as
+    Django's compiler would (its per-row work is most of a ``put_many``'s); False, having sent
+    nothing, if they are of several shapes or theirs has no kept statement."""
+    statement = kept.one_row_insert(objs[0], using, fields, returned, notify is not None)
+    if statement is None:
+        return False
+    for obj in objs:
+        if kept.one_row_insert(obj, using, fields, returned, notify is not None) is not statement:
+            return False
+    sql = statement.many(len(objs))
+    if sql is None:
+        return False
+    params: list[Any] = []
+    for obj in objs:
+        params.extend(statement.params(obj, connection))
+    if notify is not None:
+        params.append(notify)
+    rows = compiler.send(connection, sql, params)
+    if len(rows) != len(objs):
+        raise AssertionError(f"an INSERT of {len(objs)} rows returned {len(rows)}")
+    for obj, row in zip(objs, rows, strict=True):
+        _set_returned(obj, using, statement.convert(row, connection), returned)
     return True
 
 

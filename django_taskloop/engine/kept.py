@@ -326,6 +326,24 @@ class OneRowInsert:
             for field in fields
         ]
         self.converters = compiler.converters(insert, type(obj), returned)
+        #: ``INSERT … VALUES`` and ``… RETURNING …`` around the one row's ``(…)``, for the
+        #: statements of several rows (:meth:`many`); None where the row cannot be told apart.
+        self._around = _around_the_row(self.sql)
+        self._many: dict[int, str] = {}
+
+    def many(self, count: int) -> str | None:
+        """The statement for ``count`` rows of this shape (their parameters one row's after
+        another's, then the channel's, if it notifies); None if it has none. ``RETURNING`` gives
+        the rows in the order of ``VALUES``, as ``bulk_create`` takes it on these databases."""
+        if self._around is None:
+            return None
+        sql = self._many.get(count)
+        if sql is None:
+            if len(self._many) >= 16:  # a few sizes recur (full chunks, the last one)
+                self._many.clear()
+            head, row, tail = self._around
+            sql = self._many[count] = f"{head}{', '.join([row] * count)}{tail}"
+        return sql
 
     def params(self, obj: Model, connection: BaseDatabaseWrapper, only_if: Model | None = None) -> list[Any]:
         """The statement's parameters for ``obj`` (and the guard's key), as the compiler would
@@ -357,6 +375,30 @@ class OneRowInsert:
     def convert(self, row: Sequence[Any], connection: BaseDatabaseWrapper) -> list[Any]:
         """The returned values as the model's fields hold them (e.g. aware datetimes)."""
         return compiler.convert(row, self.converters, connection)
+
+
+def _around_the_row(sql: str) -> tuple[str, str, str] | None:
+    """(what comes before the row, the row, what comes after) of a one-row ``INSERT … VALUES
+    (…) …``, the row's parentheses matched; None for any other form."""
+    start = sql.find(" VALUES (")
+    if start < 0 or sql.find(" VALUES (", start + 1) >= 0:
+        return None
+    start += len(" VALUES ")
+    depth, at, quoted = 0, start, False
+    while at < len(sql):
+        char = sql[at]
+        if char == "'":
+            quoted = not quoted  # ('' inside a literal: out and in again)
+        elif quoted:
+            pass
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                return sql[:start], sql[start : at + 1], sql[at + 1 :]
+        at += 1
+    return None
 
 
 _one_row_inserts: dict[tuple[Any, ...], OneRowInsert] = {}
