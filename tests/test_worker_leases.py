@@ -229,3 +229,27 @@ def test_a_task_without_a_ttr_in_a_batch_of_leased_ones_is_confirmed_by_its_owne
     _burst(handler)
     assert ran == ["first", "second"]
     assert tube.statistics()["tasks"]["total"] == 0
+
+
+def test_a_loop_id_a_rival_locked_after_the_lease_lapsed_is_not_started(clock, stalled_heartbeat):
+    """doloop's locks name no holder: an id locked again by a rival (its lease ran out while
+    the batch waited) looks the same as one this worker still holds, so it is not started."""
+    from tests.testapp.models import WorkerLoop
+
+    WorkerLoop.objects.add([1, 2])
+    ran: list[tuple[str, int]] = []
+
+    def handle(id_: int) -> None:
+        ran.append(("worker", id_))
+        if id_ == 1:
+            # The locks run out unrenewed; a rival locks both (the one running here too, which
+            # may then run twice: at least once) and works on id 2.
+            clock.advance(31)
+            assert sorted(WorkerLoop.objects.claim(2, lock_for=30)) == [1, 2]
+            ran.append(("rival", 2))
+
+    handler = Handler("loop", "lease-loop", handle, WorkerLoop, batch=2, batch_time=0, lease=30)
+    _burst(handler)
+    assert ran == [("worker", 1), ("rival", 2)], ran
+    # The rival's lock stands, to run out or to be unlocked by the rival's did().
+    assert WorkerLoop.objects.status(2)[2][1] > 0

@@ -262,9 +262,11 @@ class LoopDriver(Driver[Any]):
         return self.loop.renew(list(items), lock_for=self.handler.lease) == len(items)
 
     def confirm(self, item: Any) -> bool:
-        # doloop's locks name no holder: an id still locked is taken for this worker's (a
-        # rival that claimed it after the lock ran out locked it again), one unlocked is not.
-        return self.loop.renew([item], lock_for=self.handler.lease) == 1
+        # doloop's locks name no holder: a rival that claimed the id after its lock ran out
+        # locked it again, and its lock looks like this worker's. No worker can vouch for an
+        # id whose lock may have lapsed, so it is not started: its lock runs out (or its
+        # holder's did() ends it) and the next claim takes it. Late, never twice.
+        return False
 
 
 class TubeDriver(Driver["Task"]):

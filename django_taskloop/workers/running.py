@@ -124,6 +124,8 @@ class BatchRunner:
             logger.warning("%s: could not make sure it is still held; not started", driver.describe(item))
             return False
         self.holdings.drop(driver, driver.key(item))
+        # Not this worker's to give back either: a loop's unlock would end a rival's lock.
+        batch.settled.add(driver.key(item))
         logger.warning(
             "%s: its lease had run out before it started (the heartbeat came too late); "
             "left to whoever holds it now",
