@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 __all__ = ["MAX_MESSAGE", "WRITE_EVERY", "Board", "Report", "areport", "report"]
 
@@ -43,9 +43,10 @@ class Report:
     message: str
 
 
-@dataclass(frozen=True)
-class _Running:
-    """The item the current handler call works on, and the board of its worker."""
+class _Running(NamedTuple):
+    """The item the current handler call works on, and the board of its worker (a named
+    tuple: one is made per item a worker runs, and a frozen dataclass costs three times as
+    much to make)."""
 
     board: Board[Any]
     owner: Any
@@ -113,11 +114,24 @@ class Board(Generic[Owner]):
     @contextmanager
     def running(self, owner: Owner, item: Any) -> Iterator[None]:
         """Let :func:`report` calls inside this block report on ``item`` (run by ``owner``)."""
-        token = _running.set(_Running(self, owner, item))
+        token = self.enter(owner, item)
         try:
             yield
         finally:
-            _running.reset(token)
+            self.leave(token, owner, item)
+
+    def enter(self, owner: Owner, item: Any) -> contextvars.Token[Any]:
+        """:meth:`running` without its generator, for the worker's hot path: from here until
+        :meth:`leave` (in a ``finally``) with what this returns, :func:`report` reports on
+        ``item``."""
+        return _running.set(_Running(self, owner, item))
+
+    def leave(self, token: contextvars.Token[Any], owner: Owner, item: Any) -> None:
+        """End what :meth:`enter` began: ``item`` no longer runs; its progress is dropped."""
+        _running.reset(token)
+        # Only the thread that runs an item reports on it, so when nothing is kept there is
+        # nothing of this item's to drop: no lock for a handler that never reported.
+        if self._reports:
             self._forget(owner, item)
 
     def note(self, owner: Owner, item: Any, value: Report) -> None:

@@ -63,7 +63,7 @@ def run_interruptibly(func: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     same way (the coroutine is then cancelled) and nothing is settled before it has finished.
     """
     result = func(*args, **kwargs)
-    if inspect.isawaitable(result):
+    if result is not None and inspect.isawaitable(result):  # (most handlers return None)
         loop = event_loop()
         future = asyncio.ensure_future(result, loop=loop)
         try:

@@ -162,9 +162,13 @@ class BatchRunner:
         name = driver.describe_fully(item) if batch.trace else ""
         if name:
             logger.debug("%s: started", name)
+        board = self.board
         try:
-            with self.board.running(driver, item):
+            token = board.enter(driver, item)  # (board.running(), less a generator per item)
+            try:
                 driver.call(item)
+            finally:
+                board.leave(token, driver, item)
         except StopNow:
             raise
         except FailedForGood as error:
