@@ -223,7 +223,7 @@ class _Lease:
         self.rows.filter(pk__in=pks).update(**self.changes)
         if not self.fetch:
             return pks
-        by_pk = self.rows.in_bulk(pks)
+        by_pk = {obj.pk: obj for obj in compiler.read_instances(self.rows.filter(pk__in=pks))}
         return [by_pk[pk] for pk in pks]
 
     def lock_and_write(self, locking: QuerySet[Any], base: QuerySet[Any], limit: int) -> list[Any]:

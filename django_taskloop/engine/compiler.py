@@ -369,6 +369,19 @@ class Instances:
         return objs
 
 
+def read_instances(queryset: QuerySet[Any]) -> list[Model]:
+    """``list(queryset)`` of a plain queryset (every concrete column, nothing deferred,
+    annotated or joined), one statement, its rows made into instances as :class:`Instances`
+    makes them: without the ORM's iterator, whose ``Model.__init__`` per row cost more than the
+    statement (a claim's fetch of its leased rows where the UPDATE cannot return them)."""
+    query = queryset.query
+    if query.deferred_loading != (frozenset(), True) or query.select_related or query.annotations or query.extra:
+        return list(queryset)
+    select = query.get_compiler(using=queryset.db)
+    sql, params = select.as_sql()
+    return Instances(queryset.model, select).make(queryset.db, execute(queryset.db, sql, params))
+
+
 # -- deleting, indexes, conflicts -------------------------------------------------------------
 
 
