@@ -375,7 +375,12 @@ def read_instances(queryset: QuerySet[Any]) -> list[Model]:
     makes them: without the ORM's iterator, whose ``Model.__init__`` per row cost more than the
     statement (a claim's fetch of its leased rows where the UPDATE cannot return them)."""
     query = queryset.query
-    if query.deferred_loading != (frozenset(), True) or query.select_related or query.annotations or query.extra:
+    if (
+        query.deferred_loading != (frozenset(), True)
+        or query.select_related
+        or query.annotations
+        or query.extra
+    ):
         return list(queryset)
     select = query.get_compiler(using=queryset.db)
     sql, params = select.as_sql()
