@@ -129,8 +129,9 @@ class Board(Generic[Owner]):
     def leave(self, token: contextvars.Token[Any], owner: Owner, item: Any) -> None:
         """End what :meth:`enter` began: ``item`` no longer runs; its progress is dropped."""
         _running.reset(token)
-        # Only the thread that runs an item reports on it, so when nothing is kept there is
-        # nothing of this item's to drop: no lock for a handler that never reported.
+        # A report on this item was noted before the handler returned (by code it ran or
+        # waited for), so when nothing is kept there is nothing of its to drop: no lock for
+        # a handler that never reported. (A report that comes after this was as late before.)
         if self._reports:
             self._forget(owner, item)
 
