@@ -41,5 +41,12 @@ TMPDIR="$(mktemp -d "${TMPDIR:-/tmp}/taskloop-tests.XXXXXX")"
 chmod 755 "$TMPDIR"  # the throwaway PostgreSQL server runs as postgres and lives in here
 export TMPDIR
 trap 'rm -rf "$TMPDIR"' EXIT
-# --dist loadgroup: the tests that start their own servers share one process (tests/selection.py).
-"$VENV/bin/python" -m pytest --basetemp="$TMPDIR/pytest" -n "${TASKLOOP_TEST_PROCESSES:-4}" --dist loadgroup "$@"
+# Where tests that start their own servers run, --dist loadgroup keeps them in one process
+# (tests/selection.py). Elsewhere --dist worksteal: a process that runs out of tests takes some
+# of another's, so that a long test near the end does not leave the others idle (the README's
+# command, back to back on one machine: 272 s against 312 s).
+dist=worksteal
+if [ "${TASKLOOP_START_SERVERS:-}" = 1 ] && [ "${TASKLOOP_SERVER_TESTS:-}" != none ]; then
+  dist=loadgroup
+fi
+"$VENV/bin/python" -m pytest --basetemp="$TMPDIR/pytest" -n "${TASKLOOP_TEST_PROCESSES:-4}" --dist "$dist" "$@"
