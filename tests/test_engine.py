@@ -257,3 +257,33 @@ def test_the_database_under_test_reads_reachable_on_a_fresh_connection():
     connection.close()
     assert unreachable("default") is None
     assert connection.connection is not None  # left open for the next use
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_rows_made_into_instances_hold_what_the_orm_reads(use_tz, settings):
+    """The claim's own conversion of rows (a column at a time, the backends' datetime
+    converters done in one pass) gives every column what the ORM's iterator gives it."""
+    from django.db import connection
+
+    from django_taskloop.engine import compiler
+    from django_taskloop.models import Task, Tube
+
+    settings.USE_TZ = use_tz
+    tube = Tube.objects.create_tube("converted", "fifottl", ttr=30)
+    for n in range(5):
+        tube.put({"n": n, "at": [n, None]}, delay=n or None, ttl=None if n == 2 else 600)
+    queryset = Task.objects.filter(tube=tube).order_by("pk")
+    select = queryset.query.get_compiler(using="default")
+    sql, params = select.as_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    made = compiler.Instances(Task, select).make("default", rows)
+    names = [field.attname for field in Task._meta.concrete_fields]
+    read = list(queryset)
+    assert [[getattr(obj, name) for name in names] for obj in made] == [
+        [getattr(obj, name) for name in names] for obj in read
+    ]
+    moments = [obj.created for obj in made] + [obj.event_at for obj in made if obj.event_at]
+    assert moments and all(timezone.is_aware(m) == use_tz for m in moments)
+    assert any(obj.ttl_at is None for obj in made) and any(obj.ttl_at is not None for obj in made)

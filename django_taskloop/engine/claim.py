@@ -89,24 +89,42 @@ def claim(
     limit = min(limit, MAX_LIMIT)
     using = queryset.db
     resume = Resume(cursor if fetch else None, queryset, cursor_on or order_by)
-    if key is not None and direct and fetch and features(using).update_returning:
-        statement = kept.kept_claim(queryset, limit, claimable, order_by, changes, key, resume)
+    hints = _hint(using, index) if resume.start is not None else None, _hint(using, sub_index)
+    if key is not None and direct and fetch and keeps_claims(using):
+        statement: kept.ClaimStatement | kept.LockedClaimStatement | None
+        if features(using).update_returning:
+            statement = kept.kept_claim(queryset, limit, claimable, order_by, changes, key, resume)
+        else:
+            statement = kept.kept_locked_claim(
+                queryset, limit, claimable, order_by, changes, key, resume, hints
+            )
         if statement is not None:
             return _claim_kept(queryset.model, using, statement, resume, later)
     claimable = _and(claimable, resume.condition(using))
-    hints = _hint(using, index) if resume.start is not None else None, _hint(using, sub_index)
     rows = _claim_through_orm(queryset, limit, claimable, order_by, changes, fetch, overfetch, direct, *hints)
     resume.claimed(rows if fetch else [])
     return Claimed(rows) if later else rows
 
 
+def keeps_claims(using: str) -> bool:
+    """Whether a direct claim on database ``using`` can be kept statements (see :func:`claim`):
+    one ``UPDATE … RETURNING``, or where there is none, a locking read and an ``UPDATE``."""
+    found = features(using)
+    return found.update_returning or found.skip_locked
+
+
 def _claim_kept(
-    model: type[Model], using: str, statement: kept.ClaimStatement, resume: Resume, later: bool
+    model: type[Model],
+    using: str,
+    statement: kept.ClaimStatement | kept.LockedClaimStatement,
+    resume: Resume,
+    later: bool,
 ) -> Any:
-    """:func:`claim` as the one kept statement."""
+    """:func:`claim` as the kept statement(s)."""
     # One statement that writes: SQLite's write lock needs no taking first.
+    send = statement.rows if isinstance(statement, kept.ClaimStatement) else statement.lock
     rows = run_in_transaction(
-        model, using, lambda: statement.rows(using, resume.start), savepoint=False, lock_first=False, pin=True
+        model, using, lambda: send(using, resume.start), savepoint=False, lock_first=False, pin=True
     )
     claimed = Claimed(rows, _finisher(statement, resume, using))
     return claimed if later else claimed.instances()
@@ -347,7 +365,7 @@ def delete_and_claim(
 
 
 def _finisher(
-    statement: kept.ClaimStatement, resume: Resume, using: str
+    statement: kept.ClaimStatement | kept.LockedClaimStatement, resume: Resume, using: str
 ) -> Callable[[Sequence[Any]], list[Any]]:
     """What makes a kept claim's rows instances (and moves its cursor), for :class:`Claimed`."""
 
@@ -411,7 +429,7 @@ class ClaimSpec:
 
     def kept(self) -> bool:
         """Whether the claim is one statement, compiled once and kept under :attr:`key`."""
-        return self.key is not None and self.direct and features(self.queryset.db).update_returning
+        return self.key is not None and self.direct and keeps_claims(self.queryset.db)
 
     def prepared(self) -> ClaimSpec:
         """This spec, its filter and changes built now unless the claim is kept."""

@@ -7,20 +7,23 @@ Django upgrade that changes those internals should touch this file alone.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, cast, overload
 
+from django.conf import settings
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import BooleanField, Expression, F, Field, Index, Model, Q, QuerySet, signals
+from django.db.models import BooleanField, Expression, F, Field, Index, Model, Q, QuerySet, Value, signals
 from django.db.models.base import ModelState
 from django.db.models.constants import OnConflict
 from django.db.models.expressions import RawSQL
 from django.db.models.sql import InsertQuery, Query, UpdateQuery
 from django.db.models.sql.compiler import SQLCompiler
 from django.utils.asyncio import async_unsafe
+from django.utils.dateparse import parse_datetime
 
 #: A compiled statement's converters: (column index, converter functions, column).
 Converters = list[tuple[int, list[Any], Any]]
@@ -174,9 +177,79 @@ def read_hinted(queryset: QuerySet[Any], hint: str | None, sub_hint: str | None 
     """The values of ``queryset`` (a flat ``values_list`` of one column of its model's table),
     read with the index hint ``hint`` on that table (``FORCE INDEX (…)``: Django has none),
     and ``sub_hint`` on that table in its subqueries (Django's alias ``U0``)."""
-    using = queryset.db
-    connection = connections[using]
-    sql, params = queryset.query.get_compiler(using=using).as_sql()
+    sql, params = queryset.query.get_compiler(using=queryset.db).as_sql()
+    sql = _hinted(queryset, sql, hint, sub_hint)
+    return [row[0] for row in execute(queryset.db, sql, params)]
+
+
+class ChangedRows:
+    """A read of a queryset's rows whole (every concrete column; a locking read, say) that
+    also computes, beside each row, what ``update(**changes)`` will make of it, and reads the
+    clock ``now`` once: compiled once, then :meth:`make` turns its rows into instances holding
+    the rows as that ``UPDATE`` leaves them, given the ``UPDATE`` runs on the same rows, still
+    locked, with its clock pinned to :meth:`moment` (``vendor.pin_clock``). Where the database
+    cannot return an ``UPDATE``'s rows (MySQL/MariaDB), a claim is then this read and the
+    ``UPDATE``, not the ``UPDATE`` between two reads. Hints as :func:`read_hinted`'s."""
+
+    def __init__(
+        self,
+        queryset: QuerySet[Any],
+        changes: dict[str, Any],
+        now: Expression,
+        hint: str | None = None,
+        sub_hint: str | None = None,
+    ) -> None:
+        model = self.model = queryset.model
+        fields = {name: model._meta.get_field(name) for name in changes}
+        aliases = {name: f"taskloop_set_{at}" for at, name in enumerate(changes)}
+        annotations: dict[str, Any] = {"taskloop_now": now}
+        for name, value in changes.items():
+            if not hasattr(value, "resolve_expression"):
+                value = Value(value, output_field=fields[name])
+            annotations[aliases[name]] = value
+        select = queryset.annotate(**annotations).query.get_compiler(using=queryset.db)
+        # Django compiles FOR UPDATE only inside a transaction; a kept read may be compiled first
+        # outside one.
+        with transaction.atomic(using=queryset.db, savepoint=False):
+            sql, params = select.as_sql()
+        self.sql = _hinted(queryset, sql, hint, sub_hint)
+        self.params = tuple(params)
+        at = select.annotation_col_map
+        self.moment_at = at["taskloop_now"]
+        found = select.get_converters([column[0] for column in select.select])
+        self.converters: Converters = [(index, list(funcs), col) for index, (funcs, col) in found.items()]
+        assert select.klass_info is not None
+        self.columns = list(select.klass_info["select_fields"])
+        self.names = [field.attname for field in model._meta.concrete_fields]
+        assert len(self.columns) == len(self.names), "ChangedRows reads every concrete column"
+        self.changed = [
+            (self.names.index(fields[name].attname), at[alias]) for name, alias in aliases.items()
+        ]
+        pk = model._meta.pk
+        assert pk is not None
+        #: Where each row has its primary key.
+        self.pk_at = self.columns[self.names.index(pk.attname)]
+
+    def moment(self, rows: Sequence[Sequence[Any]]) -> Any:
+        """The read's clock, as the cursor gave it (rows: not empty)."""
+        return rows[0][self.moment_at]
+
+    def make(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
+        if self.converters:
+            rows = convert_rows(rows, self.converters, connections[using])
+        columns, changed = self.columns, self.changed
+        values = []
+        for row in rows:
+            own = [row[index] for index in columns]
+            for place, index in changed:
+                own[place] = row[index]
+            values.append(own)
+        return Instances.build(self.model, self.names, using, values)
+
+
+def _hinted(queryset: QuerySet[Any], sql: str, hint: str | None, sub_hint: str | None) -> str:
+    """``sql`` (compiled from ``queryset``) with :func:`read_hinted`'s index hints."""
+    connection = connections[queryset.db]
     table = f"FROM {connection.ops.quote_name(queryset.model._meta.db_table)}"
     if sub_hint:
         # (Django 6 quotes the subquery's alias: `U0`.)
@@ -185,7 +258,7 @@ def read_hinted(queryset: QuerySet[Any], hint: str | None, sub_hint: str | None 
     if hint:
         at = sql.index(table) + len(table)
         sql = f"{sql[:at]} {hint}{sql[at:]}"
-    return [row[0] for row in execute(using, sql, params)]
+    return sql
 
 
 _PK_IN_SUBQUERY = re.compile(r'WHERE ("[^"]+")\.("[^"]+") IN \(SELECT (\w+|"\w+")\.\2 AS "pk" FROM ')
@@ -338,6 +411,61 @@ def convert(row: Sequence[Any], converters: Converters, connection: BaseDatabase
     return values
 
 
+def convert_rows(
+    rows: Sequence[Sequence[Any]], converters: Converters, connection: BaseDatabaseWrapper
+) -> list[list[Any]]:
+    """:func:`convert` of every row in ``rows``, a column at a time; a backend's own
+    ``DateTimeField`` converter of SQLite and MySQL/MariaDB (a claimed row has up to three
+    datetimes) done as :func:`_aware_datetimes` does it, for the whole column at once."""
+    values = [list(row) for row in rows]
+    for index, funcs, col in converters:
+        for converter in funcs:
+            func = getattr(converter, "__func__", converter)
+            column = _COLUMN_CONVERTERS.get(
+                (getattr(func, "__module__", ""), getattr(func, "__qualname__", ""))
+            )
+            if column is not None:
+                column(values, index, connection)
+                continue
+            for row in values:
+                row[index] = converter(row[index], col, connection)
+    return values
+
+
+def _aware_datetimes(values: list[list[Any]], index: int, connection: BaseDatabaseWrapper) -> None:
+    """What SQLite's and MySQL's ``convert_datetimefield_value`` do to column ``index`` of
+    ``values`` (text parsed on SQLite; made aware in the connection's time zone where
+    ``USE_TZ``, as ``timezone.make_aware`` does, refusing a value that is aware already on
+    MySQL), with the settings read once for the column instead of once a value."""
+    text = connection.vendor == "sqlite"
+    zone = connection.timezone if settings.USE_TZ or not text else None
+    for row in values:
+        value = row[index]
+        if value is None:
+            continue
+        if text and not isinstance(value, dt.datetime):
+            value = parse_datetime(value)
+        if zone is not None:
+            if value.utcoffset() is not None:
+                if text:
+                    row[index] = value
+                    continue
+                raise ValueError(f"make_aware expects a naive datetime, got {value}")
+            value = value.replace(tzinfo=zone)
+        row[index] = value
+
+
+#: Backend converters done a column at a time (:func:`convert_rows`), by their function's
+#: module and name (a backend that overrides one keeps its own).
+_COLUMN_CONVERTERS: dict[tuple[str, str], Callable[[list[list[Any]], int, BaseDatabaseWrapper], None]] = {
+    (
+        f"django.db.backends.{vendor}.operations",
+        "DatabaseOperations.convert_datetimefield_value",
+    ): _aware_datetimes
+    for vendor in ("sqlite3", "mysql")
+}
+
+
 class Instances:
     """Rows holding every concrete column of a model, turned into instances as
     ``Model.from_db`` would (converters applied)."""
@@ -351,8 +479,12 @@ class Instances:
     def make(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
         if self.converters:
             connection = connections[using]
-            rows = [convert(row, self.converters, connection) for row in rows]
-        model, names = self.model, self.names
+            rows = convert_rows(rows, self.converters, connection)
+        return self.build(self.model, self.names, using, rows)
+
+    @staticmethod
+    def build(model: type[Model], names: list[str], using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
+        """Instances of ``model`` from ``rows`` of converted values of the columns ``names``."""
         if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
             return [model.from_db(using, names, row) for row in rows]
         # What from_db does, without __init__'s per-field setattr (a third of a claimed row's
@@ -369,19 +501,26 @@ class Instances:
         return objs
 
 
+def is_plain(queryset: QuerySet[Any]) -> bool:
+    """Whether ``queryset`` reads every concrete column of its model's table and nothing else
+    (nothing deferred, annotated, joined by ``select_related`` or added by ``extra``)."""
+    query = queryset.query
+    return not (
+        query.deferred_loading != (frozenset(), True)
+        or query.select_related
+        or query.annotations
+        or query.extra
+    )
+
+
 def read_instances(queryset: QuerySet[Any]) -> list[Model]:
     """``list(queryset)`` of a plain queryset (every concrete column, nothing deferred,
     annotated or joined), one statement, its rows made into instances as :class:`Instances`
     makes them: without the ORM's iterator, whose ``Model.__init__`` per row cost more than the
     statement (a claim's fetch of its leased rows where the UPDATE cannot return them)."""
-    query = queryset.query
-    if (
-        query.deferred_loading != (frozenset(), True)
-        or query.select_related
-        or query.annotations
-        or query.extra
-    ):
+    if not is_plain(queryset):
         return list(queryset)
+    query = queryset.query
     select = query.get_compiler(using=queryset.db)
     sql, params = select.as_sql()
     return Instances(queryset.model, select).make(queryset.db, execute(queryset.db, sql, params))

@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import DateField, DateTimeField, Field, Model, Q, QuerySet
+from django.db.models import DateField, DateTimeField, Expression, Field, Model, Q, QuerySet
 
 from . import compiler
 from .cursor import Resume, order_attributes
-from .vendor import DbNow, batched, features, notifying, on_clock_change
+from .vendor import DbNow, batched, features, notifying, on_clock_change, pin_clock
 
 T = TypeVar("T")
 
@@ -152,6 +152,147 @@ def kept_claim(
             queryset, limit, claimable, order_by, changes, (count, lambda values: condition(using, values))
         ),
     )
+
+
+class LockedClaimStatement:
+    """A claim where the database cannot return an ``UPDATE``'s rows (MySQL/MariaDB), as
+    two statements compiled once: ``SELECT <every column>, <what the lease makes of it>,
+    <the clock> … ORDER BY … LIMIT n FOR UPDATE SKIP LOCKED``, then ``UPDATE … SET <the
+    lease, its clock pinned to the read's> WHERE pk IN (<the rows read>)``. The rows are
+    locked in between, so the instances made from the read hold what the ``UPDATE`` wrote:
+    no read after it (three statements, each built by the ORM every batch, before)."""
+
+    def __init__(self, read: compiler.ChangedRows, set_sql: str, set_params: Sequence[Any]) -> None:
+        self.read = read
+        #: The stand-ins of a claim after a cursor's position, in the read's parameters.
+        self._places = [
+            (at, param.index) for at, param in enumerate(read.params) if isinstance(param, _StandIn)
+        ]
+        #: ``UPDATE … WHERE pk IN`` without the keys; the pinned clock's places in its parameters.
+        self.set_sql = set_sql
+        self.set_params = tuple(set_params)
+        self._moments = [at for at, param in enumerate(self.set_params) if param is _MOMENT]
+
+    @classmethod
+    def build(
+        cls,
+        queryset: QuerySet[Any],
+        limit: int,
+        claimable: Q | Callable[[], Q],
+        order_by: Sequence[Any],
+        changes: dict[str, Any] | Callable[[], dict[str, Any]],
+        after: tuple[int, Callable[[Sequence[Any]], Q | None]] | None = None,
+        hint: str | None = None,
+        sub_hint: str | None = None,
+    ) -> LockedClaimStatement | None:
+        """The statements, or ``None`` where the claim takes the ORM's way (a filter that
+        reads other tables, a queryset that is not plain). ``after`` as
+        :meth:`ClaimStatement.build`'s; ``hint``, ``sub_hint``: the read's index hints."""
+        model = queryset.model
+        using = queryset.db
+        claimable = claimable() if callable(claimable) else claimable
+        changes = changes() if callable(changes) else changes
+        if after is not None:
+            count, condition = after
+            claimable &= condition([_Param(_StandIn(index)) for index in range(count)]) or Q()
+        base = queryset.filter(claimable).order_by(*order_by)
+        if (
+            not compiler.is_plain(queryset)
+            or compiler.reads_other_tables(base)
+            or queryset.query.is_sliced
+            or queryset.query.distinct
+        ):
+            return None
+        locking = base.select_for_update(skip_locked=True)[:limit]
+        read = compiler.ChangedRows(locking, changes, DbNow(), hint, sub_hint)
+        pinned = {name: pin_clock(value, _MOMENT) for name, value in changes.items()}
+        rows = model._base_manager.db_manager(using).filter(pk__in=[0])
+        sql, params, _ = compiler.compile_update(rows, pinned)
+        if not sql.endswith(" IN (%s)") or params[-1] != 0:
+            return None  # (not the shape this splits)
+        return cls(read, sql[: -len("(%s)")], params[:-1])
+
+    def lock(self, using: str, values: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Send the locking read (``values``: a cursor's position, see
+        :meth:`ClaimStatement.bound`), then the lease's ``UPDATE`` on what it locked; return
+        the read's rows (see :meth:`finish`)."""
+        params: Sequence[Any] = self.read.params
+        if self._places:
+            assert values is not None, "this claim starts after a position: give its values"
+            bound = list(params)
+            for at, index in self._places:
+                bound[at] = values[index]
+            params = bound
+        connection = connections[using]
+        rows = compiler.send(connection, self.read.sql, params)
+        if rows:
+            head = list(self.set_params)
+            moment = self.read.moment(rows)
+            for at in self._moments:
+                head[at] = moment
+            pks = [row[self.read.pk_at] for row in rows]
+            marks = ", ".join(["%s"] * len(pks))
+            compiler.send(connection, f"{self.set_sql}({marks})", [*head, *pks], "rowcount")
+        return rows
+
+    def finish(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
+        """The claimed rows as instances, in the claim's order (the read's)."""
+        return self.read.make(using, rows)
+
+
+def kept_locked_claim(
+    queryset: QuerySet[Any],
+    limit: int,
+    claimable: Q | Callable[[], Q],
+    order_by: Sequence[Any],
+    changes: dict[str, Any] | Callable[[], dict[str, Any]],
+    key: Hashable,
+    resume: Resume | None = None,
+    hints: tuple[str | None, str | None] = (None, None),
+) -> LockedClaimStatement | None:
+    """:func:`kept_claim` where the database cannot return an ``UPDATE``'s rows: the
+    :class:`LockedClaimStatement` kept under ``key``, or ``None``. ``hints``: the read's
+    index hint when it starts after a position, and its subqueries' hint."""
+    using = queryset.db
+    hint, sub_hint = hints
+    if resume is None or resume.start is None:
+        return keep(
+            ("locked claim", key, using, limit),
+            lambda: LockedClaimStatement.build(
+                queryset, limit, claimable, order_by, changes, sub_hint=sub_hint
+            ),
+        )
+    condition = resume.condition
+    count = len(resume.start)
+    return keep(
+        ("locked claim after", key, using, limit),
+        lambda: LockedClaimStatement.build(
+            queryset,
+            limit,
+            claimable,
+            order_by,
+            changes,
+            (count, lambda values: condition(using, values)),
+            hint,
+            sub_hint,
+        ),
+    )
+
+
+class _Param(Expression):
+    """A stand-in as the right-hand side of a lookup (``%s``, the stand-in its parameter):
+    the ORM prepares a plain value for its field, which a stand-in is not."""
+
+    def __init__(self, stand_in: _StandIn) -> None:
+        super().__init__()
+        self.stand_in = stand_in
+
+    def as_sql(self, compiler: Any, connection: Any) -> Any:
+        return "%s", [self.stand_in]
+
+
+#: Where the pinned clock goes in a :class:`LockedClaimStatement`'s ``UPDATE``.
+_MOMENT = object()
 
 
 class _StandIn:

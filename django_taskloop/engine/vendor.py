@@ -272,6 +272,51 @@ class Shifted(Expression):
         return f"STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', {base}, printf('%%+.3f seconds', {sec}))", params
 
 
+class DbAt(Expression):
+    """A reading of the database's clock taken earlier (``moment``, as the cursor returned it
+    for a :class:`DbNow`, the test clock offset already in it), plus ``seconds``: what a
+    :class:`DbNow` in a later statement of the same claim compiles to (:func:`pin_clock`), so
+    that both statements see one moment. MySQL/MariaDB only (see ``_Lease``)."""
+
+    output_field = DateTimeField()
+
+    def __init__(self, moment: Any, seconds: float = 0.0) -> None:
+        super().__init__(output_field=DateTimeField())
+        self.moment = moment
+        self.seconds = float(seconds)
+
+    def __repr__(self) -> str:
+        return f"DbAt({self.moment!r}, {self.seconds!r})"
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, tuple[Any, ...]]:
+        raise NotImplementedError("DbAt stands in for DbNow in MySQL/MariaDB's claim only")
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
+        if not self.seconds:
+            return "CAST(%s AS DATETIME(6))", [self.moment]
+        return "(CAST(%s AS DATETIME(6)) + INTERVAL %s MICROSECOND)", [
+            self.moment,
+            round(self.seconds * 1_000_000),
+        ]
+
+
+def pin_clock(value: Any, moment: Any) -> Any:
+    """``value`` (a change's value: an expression or a plain one) with every :class:`DbNow`
+    in it replaced by :class:`DbAt` at ``moment``; ``value`` itself where it has none."""
+    if isinstance(value, DbNow):
+        return DbAt(moment, value.seconds)
+    sources = getattr(value, "get_source_expressions", None)
+    if sources is None:
+        return value
+    old = sources()
+    new = [pin_clock(source, moment) for source in old]
+    if all(a is b for a, b in zip(old, new, strict=True)):
+        return value
+    value = value.copy()
+    value.set_source_expressions(new)
+    return value
+
+
 def to_datetime(value: Any) -> dt.datetime:
     """Turn what a cursor returns for a :class:`DbNow` into an aware (if ``USE_TZ``) datetime."""
     if isinstance(value, str):
