@@ -67,14 +67,14 @@ BUDGETS: dict[tuple[str, str, str], dict[str, tuple[float, float]]] = {
     ("postgresql", "5.2", "3.11"): {
         "put": (114, 1),
         "keyed put": (115, 1),
-        "put_many": (74, 0),
+        "put_many": (69, 0),
         "enqueue": (156, 1),
         "drain": (19.6, 0.02),
     },
     ("postgresql", "6.1", "3.12"): {
         "put": (113, 1),
         "keyed put": (114, 1),
-        "put_many": (73, 0),
+        "put_many": (62, 0),
         "enqueue": (151, 1),
         "drain": (21.6, 0.02),
     },

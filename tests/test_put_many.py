@@ -55,7 +55,22 @@ def test_put_many_writes_in_few_statements():
         assert len(inserts) <= 10, len(inserts)  # Django keeps SQLite's statements under 999 variables
     elif connection.features.can_return_rows_from_bulk_insert:
         assert len(inserts) == 1, len(inserts)  # the tasks, in one statement (no counter)
+    if connection.vendor == "postgresql":
+        # As Django's compiler writes a bulk insert of plain values there: an array a column,
+        # not a VALUES row a task (which cost 3× the server's time and 1.7× the client's).
+        assert " SELECT * FROM UNNEST(" in inserts[0]["sql"] and " VALUES " not in inserts[0]["sql"]
     assert len(Tube.objects.get(name="few").tasks.all()) == 500
+
+
+def test_put_many_of_rows_with_the_database_clock_in_them_keeps_each_rows_own():
+    """Delayed tasks carry the database's clock (an expression in the row): no arrays then,
+    and every task still gets its own row's id and deadline."""
+    tube = Tube.objects.create_tube("clocked", "fifottl")
+    tasks = tube.put_many([{"n": n} for n in range(120)], delay=30, ttl=90)
+    rows = {row[0]: row[1:] for row in tube.tasks.values_list("id", "data", "event_at", "ttl_at")}
+    assert [rows[t.id][0] for t in tasks] == [{"n": n} for n in range(120)]
+    assert all((t.event_at, t.ttl_at) == rows[t.id][1:] for t in tasks)
+    assert all(t.state == "~" and t.ttl_at > t.event_at for t in tasks)
 
 
 @pytest.mark.parametrize(

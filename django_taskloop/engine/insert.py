@@ -212,12 +212,17 @@ def _insert_many(
     for obj in objs:
         if kept.one_row_insert(obj, using, fields, returned, notify is not None) is not statement:
             return False
-    sql = statement.many(len(objs))
-    if sql is None:
-        return False
     params: list[Any] = []
-    for obj in objs:
-        params.extend(statement.params(obj, connection))
+    sql = statement.unnest
+    if sql is not None:
+        # An array a column (PostgreSQL): the rows' parameters, turned.
+        params.extend(map(list, zip(*(statement.params(obj, connection) for obj in objs), strict=True)))
+    else:
+        sql = statement.many(len(objs))
+        if sql is None:
+            return False
+        for obj in objs:
+            params.extend(statement.params(obj, connection))
     if notify is not None:
         params.append(notify)
     rows = compiler.send(connection, sql, params)

@@ -471,6 +471,11 @@ class OneRowInsert:
         #: statements of several rows (:meth:`many`); None where the row cannot be told apart.
         self._around = _around_the_row(self.sql)
         self._many: dict[int, str] = {}
+        #: PostgreSQL: the statement of any number of rows as ``INSERT … SELECT * FROM
+        #: UNNEST(<an array a column>)``, as Django's compiler writes a bulk insert of plain
+        #: values there (a VALUES row a task cost 3× the server's time and 1.7× the client's);
+        #: None where the rows cannot go as arrays (see :func:`_unnest`).
+        self.unnest = _unnest(self._around, fields, connection)
 
     def many(self, count: int) -> str | None:
         """The statement for ``count`` rows of this shape (their parameters one row's after
@@ -516,6 +521,27 @@ class OneRowInsert:
     def convert(self, row: Sequence[Any], connection: BaseDatabaseWrapper) -> list[Any]:
         """The returned values as the model's fields hold them (e.g. aware datetimes)."""
         return compiler.convert(row, self.converters, connection)
+
+
+def _unnest(
+    around: tuple[str, str, str] | None, fields: list[Any], connection: BaseDatabaseWrapper
+) -> str | None:
+    """The ``UNNEST`` form of a one-row ``INSERT`` (``around``: see :func:`_around_the_row`)
+    on PostgreSQL, where Django's compiler would take it for several rows: each value a plain
+    parameter (no expression, no field's own placeholder), each field of a type the backend
+    knows. Its parameters are one list a column, then the statement's own after the row."""
+    if around is None or connection.vendor != "postgresql":
+        return None
+    head, row, tail = around
+    if row != f"({', '.join(['%s'] * len(fields))})" or not head.endswith(" VALUES "):
+        return None
+    for field in fields:
+        own = field.target_field if field.is_relation else field
+        if hasattr(field, "get_placeholder") or own.get_internal_type() not in connection.data_types:
+            return None
+    # (Django's own: the type without its parameters, no truncation: varchar[], not varchar(50)[].)
+    arrays = ", ".join(f"(%s)::{field.db_type(connection).split('(')[0]}[]" for field in fields)
+    return f"{head[: -len(' VALUES ')]} SELECT * FROM UNNEST({arrays}){tail}"
 
 
 def _around_the_row(sql: str) -> tuple[str, str, str] | None:
