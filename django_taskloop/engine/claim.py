@@ -60,8 +60,11 @@ def claim(
     ``changes``). Where the database updates with ``RETURNING`` (PostgreSQL, SQLite) the claim
     is then one statement, ``UPDATE … WHERE pk IN (SELECT pk … ORDER BY … LIMIT n FOR UPDATE
     SKIP LOCKED) RETURNING …``, compiled the first time and kept under ``key``: a worker's
-    batches pay neither the ORM's query building nor a second round trip. ``claimable`` and
-    ``changes`` may then be given as functions that build them, called only when needed.
+    batches pay neither the ORM's query building nor a second round trip. Where it does not
+    (MySQL/MariaDB) the claim is two statements kept the same way: a locking read of the rows
+    whole, with what ``changes`` make of them and the clock read beside, and the ``UPDATE``
+    pinned to that clock (:class:`.kept.LockedClaimStatement`). ``claimable`` and ``changes``
+    may then be given as functions that build them, called only when needed.
 
     ``later`` (with ``fetch``): return a :class:`Claimed`, whose instances the caller makes
     once its transaction has committed. Turning a batch of rows into instances costs more
