@@ -69,14 +69,14 @@ BUDGETS: dict[tuple[str, str, str], dict[str, tuple[float, float]]] = {
         "keyed put": (115, 1),
         "put_many": (69, 0),
         "enqueue": (156, 1),
-        "drain": (19.6, 0.02),
+        "drain": (18.6, 0.02),
     },
     ("postgresql", "6.1", "3.12"): {
         "put": (113, 1),
         "keyed put": (114, 1),
         "put_many": (62, 0),
         "enqueue": (151, 1),
-        "drain": (21.6, 0.02),
+        "drain": (20.6, 0.02),
     },
     ("mysql", "5.2", "3.11"): {
         "put": (106, 1),

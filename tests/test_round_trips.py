@@ -227,6 +227,30 @@ def test_a_workers_batch_acknowledges_and_claims_in_one_transaction(monkeypatch)
     assert stats["calls"]["ack"] == 100 and stats["calls"]["take"] == 200 and stats["tasks"]["taken"] == 100
 
 
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_a_workers_batch_gives_datetimes_as_the_orm_reads_them(use_tz, settings):
+    """The batch claim's rows are read on a cursor of their own (PostgreSQL: psycopg's own
+    timestamptz loader) and given Django's time zone when made instances: the same values,
+    the same kind of tzinfo (none without USE_TZ), as the ORM reads."""
+    settings.USE_TZ = use_tz
+    tube = Tube.objects.create_tube(f"zoned-{use_tz}", "fifottl", ttr=60, ttl=600)
+    tube.put_many(range(20))
+
+    def check(tasks: list[Task]) -> None:
+        assert len(tasks) == 10
+        for task in tasks:
+            stored = Task.objects.get(pk=task.pk)
+            for name in ("created", "event_at", "ttl_at"):
+                mine, theirs = getattr(task, name), getattr(stored, name)
+                assert mine == theirs and mine.utcoffset() == theirs.utcoffset()
+                assert (mine.tzinfo is None) == (not use_tz) and type(mine.tzinfo) is type(theirs.tzinfo)
+
+    first = tube.take_many(10, consumer="w")
+    check(first)
+    _, taken = tube.ack_and_take([t.pk for t in first], 10, consumer="w")
+    check(taken)
+
+
 @pytest.mark.parametrize("type", ["fifottl", "utubettl"])
 def test_taken_tasks_hold_what_the_claim_wrote(type, clock):
     """A take returns its tasks as the claim left them in the table, every column: where the

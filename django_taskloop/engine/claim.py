@@ -358,7 +358,7 @@ def delete_and_claim(
     )
     prepared = list(kept_where.prepared(pks, connection))
     params = [prepared, *kept_where.params, *claim_statement.bound(resume.start), *match.values()]
-    result = compiler.send(connection, sql, params)
+    result = compiler.send(connection, sql, params, made_into_instances=True)
     deleted, counted_rows = result[0][0], result[0][1]
     # No claimed row: the LEFT JOIN's one row, all NULL.
     claimed = Claimed(

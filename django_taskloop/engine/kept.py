@@ -116,7 +116,8 @@ class ClaimStatement:
     def rows(self, using: str, values: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Send the claim (``values``: see :meth:`bound`); return its rows as the database
         gives them (see :meth:`finish`)."""
-        return compiler.send(connections[using], self.sql, self.bound(values))  # fetch="all": rows
+        # (fetch="all": rows, made into instances by finish() alone)
+        return compiler.send(connections[using], self.sql, self.bound(values), made_into_instances=True)
 
     def finish(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
         """The claimed rows as instances, in the claim's order (``RETURNING`` gives them in
