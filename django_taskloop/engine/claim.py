@@ -94,13 +94,7 @@ def claim(
     resume = Resume(cursor if fetch else None, queryset, cursor_on or order_by)
     hints = _hint(using, index) if resume.start is not None else None, _hint(using, sub_index)
     if key is not None and direct and fetch and keeps_claims(using):
-        statement: kept.ClaimStatement | kept.LockedClaimStatement | None
-        if features(using).update_returning:
-            statement = kept.kept_claim(queryset, limit, claimable, order_by, changes, key, resume)
-        else:
-            statement = kept.kept_locked_claim(
-                queryset, limit, claimable, order_by, changes, key, resume, hints
-            )
+        statement = kept.kept_claim(queryset, limit, claimable, order_by, changes, key, resume, hints)
         if statement is not None:
             return _claim_kept(queryset.model, using, statement, resume, later)
     claimable = _and(claimable, resume.condition(using))
@@ -345,7 +339,7 @@ def delete_and_claim(
     resume = Resume(cursor, queryset, cursor_on or order_by)
     claim_statement = kept.kept_claim(queryset, limit, claimable, order_by, changes, key, resume)
     kept_where = kept.kept_where(queryset, where, delete_key)
-    if claim_statement is None or kept_where is None or kept_where.empty:
+    if not isinstance(claim_statement, kept.ClaimStatement) or kept_where is None or kept_where.empty:
         return None
     model, match, counted = counters
     connection = connections[using]

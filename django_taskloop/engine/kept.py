@@ -60,20 +60,12 @@ class ClaimStatement:
         self.instances = instances
         self.order = order
         #: (place in params, value index) of each stand-in the sends fill in.
-        self._places = [
-            (at, param.index) for at, param in enumerate(self.params) if isinstance(param, _StandIn)
-        ]
+        self._places = _places_of(self.params)
 
     def bound(self, values: Sequence[Any] | None = None) -> tuple[Any, ...]:
         """The statement's parameters, its stand-ins (a claim after a cursor's position)
         replaced by ``values``."""
-        if not self._places:
-            return self.params
-        assert values is not None, "this claim starts after a position: give its values"
-        params = list(self.params)
-        for at, index in self._places:
-            params[at] = values[index]
-        return tuple(params)
+        return _bound(self.params, self._places, values)
 
     @classmethod
     def build(
@@ -136,22 +128,30 @@ def kept_claim(
     changes: dict[str, Any] | Callable[[], dict[str, Any]],
     key: Hashable,
     resume: Resume | None = None,
-) -> ClaimStatement | None:
-    """The one-statement claim kept under ``key`` (see :func:`engine.claim`), or ``None``;
-    with a ``resume`` that starts after a position, its variant that starts there."""
+    hints: tuple[str | None, str | None] = (None, None),
+) -> ClaimStatement | LockedClaimStatement | None:
+    """The claim kept under ``key`` (see :func:`engine.claim`), or ``None``; with a ``resume``
+    that starts after a position, its variant that starts there. One ``UPDATE … RETURNING``
+    (:class:`ClaimStatement`) where the database has it, else a locking read and an
+    ``UPDATE`` (:class:`LockedClaimStatement`, with ``hints``: the read's index hint, and its
+    subqueries')."""
     using = queryset.db
+    locked = not features(using).update_returning
+
+    def build(
+        after: tuple[int, Callable[[Sequence[Any]], Q | None]] | None = None,
+    ) -> ClaimStatement | LockedClaimStatement | None:
+        if locked:
+            return LockedClaimStatement.build(queryset, limit, claimable, order_by, changes, after, *hints)
+        return ClaimStatement.build(queryset, limit, claimable, order_by, changes, after)
+
+    kind = "locked claim" if locked else "claim"
     if resume is None or resume.start is None:
-        return keep(
-            ("claim", key, using, limit),
-            lambda: ClaimStatement.build(queryset, limit, claimable, order_by, changes),
-        )
+        return keep((kind, key, using, limit), build)
     condition = resume.condition
     count = len(resume.start)
     return keep(
-        ("claim after", key, using, limit),
-        lambda: ClaimStatement.build(
-            queryset, limit, claimable, order_by, changes, (count, lambda values: condition(using, values))
-        ),
+        (f"{kind} after", key, using, limit), lambda: build((count, lambda values: condition(using, values)))
     )
 
 
@@ -166,9 +166,7 @@ class LockedClaimStatement:
     def __init__(self, read: compiler.ChangedRows, set_sql: str, set_params: Sequence[Any]) -> None:
         self.read = read
         #: The stand-ins of a claim after a cursor's position, in the read's parameters.
-        self._places = [
-            (at, param.index) for at, param in enumerate(read.params) if isinstance(param, _StandIn)
-        ]
+        self._places = _places_of(read.params)
         #: ``UPDATE … WHERE pk IN`` without the keys; the pinned clock's places in its parameters.
         self.set_sql = set_sql
         self.set_params = tuple(set_params)
@@ -217,15 +215,8 @@ class LockedClaimStatement:
         """Send the locking read (``values``: a cursor's position, see
         :meth:`ClaimStatement.bound`), then the lease's ``UPDATE`` on what it locked; return
         the read's rows (see :meth:`finish`)."""
-        params: Sequence[Any] = self.read.params
-        if self._places:
-            assert values is not None, "this claim starts after a position: give its values"
-            bound = list(params)
-            for at, index in self._places:
-                bound[at] = values[index]
-            params = bound
         connection = connections[using]
-        rows = compiler.send(connection, self.read.sql, params)
+        rows = compiler.send(connection, self.read.sql, _bound(self.read.params, self._places, values))
         if rows:
             head = list(self.set_params)
             moment = self.read.moment(rows)
@@ -239,45 +230,6 @@ class LockedClaimStatement:
     def finish(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
         """The claimed rows as instances, in the claim's order (the read's)."""
         return self.read.make(using, rows)
-
-
-def kept_locked_claim(
-    queryset: QuerySet[Any],
-    limit: int,
-    claimable: Q | Callable[[], Q],
-    order_by: Sequence[Any],
-    changes: dict[str, Any] | Callable[[], dict[str, Any]],
-    key: Hashable,
-    resume: Resume | None = None,
-    hints: tuple[str | None, str | None] = (None, None),
-) -> LockedClaimStatement | None:
-    """:func:`kept_claim` where the database cannot return an ``UPDATE``'s rows: the
-    :class:`LockedClaimStatement` kept under ``key``, or ``None``. ``hints``: the read's
-    index hint when it starts after a position, and its subqueries' hint."""
-    using = queryset.db
-    hint, sub_hint = hints
-    if resume is None or resume.start is None:
-        return keep(
-            ("locked claim", key, using, limit),
-            lambda: LockedClaimStatement.build(
-                queryset, limit, claimable, order_by, changes, sub_hint=sub_hint
-            ),
-        )
-    condition = resume.condition
-    count = len(resume.start)
-    return keep(
-        ("locked claim after", key, using, limit),
-        lambda: LockedClaimStatement.build(
-            queryset,
-            limit,
-            claimable,
-            order_by,
-            changes,
-            (count, lambda values: condition(using, values)),
-            hint,
-            sub_hint,
-        ),
-    )
 
 
 class _Param(Expression):
@@ -294,6 +246,25 @@ class _Param(Expression):
 
 #: Where the pinned clock goes in a :class:`LockedClaimStatement`'s ``UPDATE``.
 _MOMENT = object()
+
+
+def _places_of(params: Sequence[Any]) -> list[tuple[int, int]]:
+    """(place in ``params``, value index) of each :class:`_StandIn` there."""
+    return [(at, param.index) for at, param in enumerate(params) if isinstance(param, _StandIn)]
+
+
+def _bound(
+    params: tuple[Any, ...], places: list[tuple[int, int]], values: Sequence[Any] | None
+) -> tuple[Any, ...]:
+    """``params`` with the stand-ins at ``places`` replaced by ``values`` (a cursor's
+    position); ``params`` itself where there are none."""
+    if not places:
+        return params
+    assert values is not None, "this claim starts after a position: give its values"
+    bound = list(params)
+    for at, index in places:
+        bound[at] = values[index]
+    return tuple(bound)
 
 
 class _StandIn:
