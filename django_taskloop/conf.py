@@ -43,6 +43,10 @@ DEFAULTS: dict[str, Any] = {
     # Seconds of work a worker claims at once, sized from each handler's measured time per
     # item (at least one item, at most the handler's batch); a handler's batch_time overrides.
     "BATCH_TIME": 0.1,
+    # Items one worker process runs at once (each in a thread of its own, an async def
+    # handler's coroutine on that thread's event loop): workers --concurrency's default; a
+    # handler's own concurrency= wins.
+    "CONCURRENCY": 1,
     # Polling of take()/wait(): first sleep, growth factor, longest sleep (seconds). A waiting
     # take that something wakes on every change (PostgreSQL's LISTEN, SQLite's file watch) polls
     # only for the clock (wakeup.CLOCK_POLL, 0.75 s); on MariaDB an idle worker reads once every
@@ -132,6 +136,7 @@ RULES: dict[str, Callable[[Any, str], Any]] = {
     "HEARTBEAT_INTERVAL": _seconds(positive=True),
     "HORIZON_WARNING": _seconds(non_negative=True),
     "BATCH_TIME": _seconds(non_negative=True),
+    "CONCURRENCY": _count(1),
     "POLL_MIN": _seconds(positive=True),
     "POLL_FACTOR": _factor,
     "POLL_MAX": _seconds(positive=True),

@@ -8,7 +8,10 @@ so that any floor may raise :class:`StopNow`/:class:`FailedForGood` or call user
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import inspect
+import sys
+import threading
 from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
@@ -20,6 +23,7 @@ __all__ = [
     "FailedForGood",
     "run_interruptibly",
     "event_loop",
+    "interrupt_thread",
     "inside_user_code",
     "backoff",
 ]
@@ -59,8 +63,9 @@ def run_interruptibly(func: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     user code inside a handler of its own (the Django Tasks backend) calls it around that code.
 
     An ``async def`` function (or any call that returns an awaitable) is run to completion on
-    this process's event loop, here in the main thread, so that a hard stop interrupts it the
-    same way (the coroutine is then cancelled) and nothing is settled before it has finished.
+    this thread's event loop (the main thread's, or a ``--concurrency`` slot's), here, so that a
+    hard stop interrupts it the same way (the coroutine is then cancelled) and nothing is settled
+    before it has finished.
     """
     result = func(*args, **kwargs)
     if result is not None and inspect.isawaitable(result):  # (most handlers return None)
@@ -76,15 +81,37 @@ def run_interruptibly(func: Callable[..., Any], *args: Any, **kwargs: Any) -> An
     return result
 
 
-_loop: asyncio.AbstractEventLoop | None = None
+#: Each thread's event loop, by thread id.
+_loops: dict[int, asyncio.AbstractEventLoop] = {}
 
 
 def event_loop() -> asyncio.AbstractEventLoop:
-    """Return this process's event loop for ``async def`` handlers (made on first use)."""
-    global _loop
-    if _loop is None or _loop.is_closed():
-        _loop = asyncio.new_event_loop()
-    return _loop
+    """Return this thread's event loop for ``async def`` handlers (made on first use): the main
+    thread's, or that of one of the slots of ``workers --concurrency``, each of which runs one
+    item at a time."""
+    ident = threading.get_ident()
+    loop = _loops.get(ident)
+    if loop is None or loop.is_closed():
+        loop = _loops[ident] = asyncio.new_event_loop()
+    return loop
+
+
+def interrupt_thread(ident: int) -> bool:
+    """A hard stop, for the thread ``ident`` (a slot of ``workers --concurrency``): raise
+    :class:`StopNow` in it if it runs user code now (:func:`inside_user_code`, as the signal
+    handler decides for the main thread); say whether it did.
+
+    The exception is raised when the thread next runs Python code: at once in a handler that
+    computes, once the wait is over in one that waits in a C call (``time.sleep``). A thread
+    that waits in its event loop (an ``async def`` handler) is woken to hear it, and its
+    coroutine is then cancelled by :func:`run_interruptibly`."""
+    if not inside_user_code(sys._current_frames().get(ident)):
+        return False
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(StopNow))
+    loop = _loops.get(ident)
+    if loop is not None and loop.is_running():
+        loop.call_soon_threadsafe(lambda: None)
+    return True
 
 
 def _cancel(loop: asyncio.AbstractEventLoop, future: Awaitable[Any]) -> None:

@@ -84,6 +84,7 @@ ONE_DJANGO_LINE: dict[str, str] = {
 #: such a worker sends are the ones the in-process tests pin on every line and database.
 WORKER_PROCESSES: dict[str, str] = {
     "tests/test_workers.py": "workers draining, stopping, pausing",
+    "tests/test_concurrency.py": "workers running many items at once",
     "tests/test_worker_edges.py": "workers' edge cases",
     "tests/test_task_options_workers.py": "task options as workers run them",
     "tests/test_idle.py": "an idle worker's cost",

@@ -42,6 +42,8 @@ ALLOWED = {
     ("engine/compiler.py", "_create_index_sql"): "Django's BaseDatabaseSchemaEditor._create_index_sql: "
     "the only way to give an index's columns a suffix (NULLS FIRST) in the backend's own CREATE INDEX; "
     "the engine's compiler module is the one place for Django internals",
+    ("runtime.py", "_current_frames"): "Python's sys._current_frames: the only way to see where "
+    "another thread is (the user's code or ours) before a hard stop interrupts it (--concurrency)",
     ("migrations/", "_new_id"): "a migration freezes the dotted path of a field's default "
     "callable (models.results._new_id); renaming it would break the migration",
 }

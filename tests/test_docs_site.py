@@ -143,9 +143,15 @@ def test_every_python_example_of_the_operating_page_runs(tmp_path):
         (mark, textwrap.dedent(code))
         for _, mark, code in ANY_BLOCK.findall((DOCS / "operating.md").read_text())
     ]
-    assert [mark for mark, _ in blocks] == ["failures", "pause", "schedules", "urls", "sqlite", "shards"], (
-        blocks
-    )
+    assert [mark for mark, _ in blocks] == [
+        "failures",
+        "pause",
+        "schedules",
+        "concurrency",
+        "urls",
+        "sqlite",
+        "shards",
+    ], blocks
     tube = Tube.objects.create_tube("emails", "fifottl")
     task = tube.put({"to": "a@example.com"})
     tube.bury(task.pk)
@@ -177,3 +183,8 @@ def test_every_python_example_of_the_operating_page_runs(tmp_path):
         assert cursor.fetchone()[0] == "wal"
     wal.close()
     import_string(ran["shards"]["TASKS"]["default"]["BACKEND"])
+    # The handler that sets its own concurrency is registered with it (and unregistered again).
+    from django_taskloop.workers import registry
+
+    assert registry.pop("webhooks").concurrency == 20
+    assert ran["concurrency"]["deliver"].concurrency == 20

@@ -178,6 +178,9 @@ def test_readme_examples_run_as_written_in_a_fresh_project(tmp_path):
         assert summary and int(summary.group(1)) >= 1, done
         # The README's create_tube() and @tube() ask for the same options: no mismatch warning.
         assert "already exists with" not in done, done
+        # The webhooks the README put, up to 20 at a time (the handler's concurrency=20).
+        done = manage("workers", "--burst", "--only", "webhooks")
+        assert re.search(r"summary webhooks: 40 done, 0 failed", done), done
     finally:
         connections.close_all()
         drop()

@@ -90,6 +90,10 @@ class Handler:
     #: slow ones are not hoarded while other workers idle. ``None``: ``TASKLOOP["BATCH_TIME"]``;
     #: ``0``: always claim ``batch``.
     batch_time: float | None = None
+    #: How many of its items one worker process runs at once (each in a slot of its own:
+    #: see :mod:`.slots`); ``None``: ``workers --concurrency`` (else
+    #: ``TASKLOOP["CONCURRENCY"]``, 1).
+    concurrency: int | None = None
     #: Lease taken on each item: the loop's ``lock_for``, the job claim's expiry, the tube's
     #: ttr (which the heartbeat keeps from running out).
     lease: float = 600.0
@@ -256,6 +260,7 @@ def loop(
     min_loop_time: float = 3600,
     name: str | None = None,
     batch_time: float | None = None,
+    concurrency: int | None = None,
 ) -> Callable[[Callable[[Any], Any]], Handler]:
     """Register the decorated function to be called with each id claimed from ``model``'s loop.
 
@@ -271,6 +276,7 @@ def loop(
     min_loop_time = check_seconds(min_loop_time, "min_loop_time", non_negative=True)
     label = check_name(name, "name") if name is not None else model._meta.label_lower
     batch_time = check_seconds(batch_time, "batch_time", allow_none=True, non_negative=True)
+    concurrency = _check_concurrency(concurrency)
 
     def decorate(func: Callable[[Any], Any]) -> Handler:
         return _register(
@@ -281,6 +287,7 @@ def loop(
                 model,
                 batch=batch,
                 batch_time=batch_time,
+                concurrency=concurrency,
                 lease=lock_for,
                 min_loop_time=min_loop_time,
             )
@@ -298,6 +305,7 @@ def tube(
     ttr: float | None = None,
     pri: int | None = None,
     batch_time: float | None = None,
+    concurrency: int | None = None,
 ) -> Callable[[Callable[[Any], Any]], Handler]:
     """Register the decorated function to be called with each task taken from tube ``name``.
 
@@ -317,6 +325,7 @@ def tube(
     if pri is not None and (isinstance(pri, bool) or not isinstance(pri, int)):
         raise TypeError(f"pri must be an int or None, not {builtins.type(pri).__name__}")
     batch_time = check_seconds(batch_time, "batch_time", allow_none=True, non_negative=True)
+    concurrency = _check_concurrency(concurrency)
     create: dict[str, Any] = {"type": type}
     for key, value in (("ttl", ttl), ("ttr", ttr), ("pri", pri)):
         if value is not None:
@@ -331,6 +340,7 @@ def tube(
                 name,
                 batch=batch,
                 batch_time=batch_time,
+                concurrency=concurrency,
                 lease=ttr or ttl or 60.0,
                 create=create,
             )
@@ -340,7 +350,12 @@ def tube(
 
 
 def board(
-    name: str, *, batch: int = 100, expiry: float = 600, batch_time: float | None = None
+    name: str,
+    *,
+    batch: int = 100,
+    expiry: float = 600,
+    batch_time: float | None = None,
+    concurrency: int | None = None,
 ) -> Callable[[Callable[[Any], Any]], Handler]:
     """Register the decorated function to be called with each job claimed from board ``name``.
 
@@ -354,11 +369,28 @@ def board(
     batch = check_count(batch, "batch", minimum=1)
     expiry = check_seconds(expiry, "expiry", positive=True)
     batch_time = check_seconds(batch_time, "batch_time", allow_none=True, non_negative=True)
+    concurrency = _check_concurrency(concurrency)
 
     def decorate(func: Callable[[Any], Any]) -> Handler:
-        return _register(Handler("board", name, func, name, batch=batch, batch_time=batch_time, lease=expiry))
+        return _register(
+            Handler(
+                "board",
+                name,
+                func,
+                name,
+                batch=batch,
+                batch_time=batch_time,
+                concurrency=concurrency,
+                lease=expiry,
+            )
+        )
 
     return decorate
+
+
+def _check_concurrency(concurrency: Any) -> int | None:
+    """A handler's ``concurrency``: ``None`` (the worker's), or a count of at least 1."""
+    return None if concurrency is None else check_count(concurrency, "concurrency", minimum=1)
 
 
 def autodiscover() -> None:

@@ -102,6 +102,24 @@ class Holdings:
             self.unstarted[driver] = deque(items)
             self.returned_early[driver] = set()
 
+    def add_to_batch(self, driver: AnyDriver, items: Sequence[Any], at: float) -> None:
+        """Hold ``items`` of ``driver`` too, claimed for its running batch by a statement sent at
+        ``at`` (``workers --concurrency``: slots that came free are topped up)."""
+        with self.lock:
+            self.inflight.setdefault(driver, []).extend(items)
+            self.unstarted.setdefault(driver, deque()).extend(items)
+        self.claimed(driver, items, at)
+
+    def acknowledged(self, driver: AnyDriver, keys: set[Hashable]) -> None:
+        """The items ``keys`` of ``driver``'s running batch are acknowledged: no longer held."""
+        with self.lock:
+            self.inflight[driver] = [i for i in self.inflight.get(driver, ()) if driver.key(i) not in keys]
+
+    def has_unstarted(self, driver: AnyDriver) -> bool:
+        """Say whether ``driver``'s running batch has items not started yet."""
+        with self.lock:
+            return bool(self.unstarted.get(driver))
+
     def next_to_start(self, driver: AnyDriver, stop: Stop) -> Any:
         """Return the batch's next item to start, or ``None``: none left, or a stop came (then
         nothing new starts). Taken under the lock the heartbeat gives unstarted items back

@@ -12,6 +12,7 @@ goes back), :mod:`.heartbeat` (the heartbeat thread) and :mod:`.holdings` (what 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -28,6 +29,7 @@ from ..conf import setting
 from ..engine import local_clock
 from ..engine.deadline import bound_connects
 from ..exceptions import DatabaseBusy
+from ..validation import check_count
 from . import Handler, get_handlers, serving, shard_handlers
 from .batches import Tally, ThroughputCounts, progress_key
 from .drivers import AnyDriver, TubeDriver, make_driver, tubes_worth_trying
@@ -67,6 +69,7 @@ class Worker:
         identity: str | None = None,
         supervised: bool = False,
         schedule: bool = True,
+        concurrency: int | None = None,
     ) -> None:
         self.identity = identity or f"{socket.gethostname()}:{os.getpid()}:worker"
         # A tube spread over several databases (SHARDS): one driver per shard.
@@ -93,14 +96,7 @@ class Worker:
             tallies=self.tallies,
             throughput=throughput,
         )
-        self.batches = BatchRunner(
-            stop=self.stop,
-            holdings=self.holdings,
-            settler=self.settler,
-            tallies=self.tallies,
-            throughput=throughput,
-            board=board,
-        )
+        self.batches = self._batch_runner(throughput, board, concurrency)
         self.heart = Heart(
             self.identity,
             self.drivers,
@@ -113,6 +109,22 @@ class Worker:
             outages=self.outages,
             throughput=throughput,
             board=board,
+        )
+
+    def _batch_runner(
+        self, throughput: ThroughputCounts, board: progress.Board[AnyDriver], concurrency: int | None
+    ) -> BatchRunner:
+        """The runner of this worker's batches, ``concurrency`` items at a time (``None``:
+        ``TASKLOOP["CONCURRENCY"]``) unless a handler says otherwise."""
+        return BatchRunner(
+            stop=self.stop,
+            holdings=self.holdings,
+            settler=self.settler,
+            tallies=self.tallies,
+            throughput=throughput,
+            board=board,
+            concurrency=concurrency if concurrency is not None else int(setting("CONCURRENCY")),
+            serving_several=len(self.drivers) > 1,
         )
 
     # The loop ----------------------------------------------------------------------------
@@ -318,6 +330,7 @@ class Worker:
     def _wind_down(self) -> None:
         """Give back and settle what is left, then stop the heartbeat thread."""
         self.stop.disarm()
+        self.batches.close()
         self.settler.give_back_prefetched()
         self.settler.settle_at_stop(self.stop.stop_by)
         self.heart.finish()
@@ -347,7 +360,7 @@ class Worker:
             )
 
 
-def _child(names: list[str], burst: bool, schedule: bool = True) -> None:
+def _child(names: list[str], burst: bool, schedule: bool = True, concurrency: int | None = None) -> None:
     # Own process group: a Ctrl-C in the terminal reaches the supervisor alone, which passes
     # it on once; otherwise every child would see it twice and stop at once.
     os.setpgrp()
@@ -359,14 +372,21 @@ def _child(names: list[str], burst: bool, schedule: bool = True) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     connections.close_all()
     handlers = get_handlers(names)
-    sys.exit(Worker(handlers, burst=burst, supervised=True, schedule=schedule).run())
+    sys.exit(Worker(handlers, burst=burst, supervised=True, schedule=schedule, concurrency=concurrency).run())
 
 
 def run_workers(
-    only: Sequence[str] | None = None, *, processes: int = 1, burst: bool = False, schedule: bool = True
+    only: Sequence[str] | None = None,
+    *,
+    processes: int = 1,
+    burst: bool = False,
+    schedule: bool = True,
+    concurrency: int | None = None,
 ) -> int:
     """Run the handlers (all, or those named in ``only``) in ``processes`` worker processes;
-    with ``schedule``, each also claims the due ticks of the cron schedules.
+    with ``schedule``, each also claims the due ticks of the cron schedules. Each process runs
+    up to ``concurrency`` items at once (``None``: ``TASKLOOP["CONCURRENCY"]``) of a handler
+    that sets no ``concurrency`` of its own.
 
     With one process the worker runs in this one. With more, this process supervises: it
     restarts a child that dies (``kill -9``, a crash) and passes signals on to the children.
@@ -378,13 +398,19 @@ def run_workers(
     if schedule:
         schedules.configured()  # a bad schedule stops the command here, before any process starts
     check_databases(shard_handlers(handlers), processes)
+    if concurrency is not None:
+        check_count(concurrency, "concurrency", minimum=1)
+    at_once = concurrency if concurrency is not None else int(setting("CONCURRENCY"))
     logger.info(
-        "starting %d worker process(es)%s for: %s",
+        "starting %d worker process(es)%s%s for: %s",
         processes,
+        f", {at_once} items at a time each" if at_once > 1 else "",
         " (burst)" if burst else "",
         # A Django Tasks queue once, by its Django name (its plain and keyed handlers).
         ", ".join(dict.fromkeys(handler.described for handler in handlers)),
     )
     if processes == 1:
-        return Worker(handlers, burst=burst, schedule=schedule).run()
-    return Supervisor(handlers, processes, burst, schedule, child=_child).run()
+        return Worker(handlers, burst=burst, schedule=schedule, concurrency=concurrency).run()
+    return Supervisor(
+        handlers, processes, burst, schedule, child=functools.partial(_child, concurrency=concurrency)
+    ).run()

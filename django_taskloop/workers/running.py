@@ -1,7 +1,12 @@
 """A batch's life in a worker: claimed (as many items as fit the handler's ``batch_time``), run
 item by item, then settled, the next batch claimed in the same transaction. After a stop
 signal nothing more is started: the items not started go back at once, and only the one
-running gets the grace period."""
+running gets the grace period.
+
+With ``workers --concurrency N`` (or a handler's ``concurrency``) up to N items of the batch run
+at once, in :mod:`.slots`; as slots come free the batch is topped up: what finished is
+acknowledged and more is claimed, in one transaction, so that a long item holds up only its
+own slot."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from .batches import Batch, Tally, ThroughputCounts
 from .drivers import AnyDriver
 from .holdings import Holdings
 from .settling import Settler
+from .slots import Outcome, Slots
 from .stop import Stop
 
 __all__ = ["BatchRunner"]
@@ -40,6 +46,8 @@ class BatchRunner:
         tallies: dict[str, Tally],
         throughput: ThroughputCounts,
         board: progress.Board[AnyDriver],
+        concurrency: int = 1,
+        serving_several: bool = False,
     ) -> None:
         self.stop = stop
         self.holdings = holdings
@@ -51,6 +59,18 @@ class BatchRunner:
         # Batch sizing: each handler's measured seconds per item, and the size of its last claim.
         self.per_item: dict[AnyDriver, float] = {}
         self.sizes: dict[AnyDriver, int] = {}
+        # --concurrency: the items a process runs at once unless a handler says otherwise; the
+        # slots are made when a handler first runs more than one.
+        self.concurrency = concurrency
+        self.slots: Slots | None = None
+        # Whether the worker serves more than one queue (a batch in slots then stops topping up
+        # after a while: the others' turn).
+        self.serving_several = serving_several
+
+    def slots_of(self, driver: AnyDriver) -> int:
+        """How many items of ``driver`` this process runs at once: its handler's
+        ``concurrency``, else ``--concurrency``."""
+        return driver.handler.concurrency or self.concurrency
 
     def batch_size(self, driver: AnyDriver) -> int:
         """Return how many items to claim for ``driver`` now: what fits the handler's
@@ -62,6 +82,9 @@ class BatchRunner:
         """
         handler = driver.handler
         target = handler.batch_time if handler.batch_time is not None else float(setting("BATCH_TIME"))
+        slots = self.slots_of(driver)
+        if slots > 1:
+            return self._slots_batch_size(driver, slots, target)
         if target <= 0:
             return handler.batch
         per_item = self.per_item.get(driver)
@@ -69,6 +92,19 @@ class BatchRunner:
             return 1
         fits = int(target / per_item) if per_item > 0 else handler.batch
         return max(1, min(handler.batch, fits, 2 * self.sizes.get(driver, 1)))
+
+    def _slots_batch_size(self, driver: AnyDriver, slots: int, target: float) -> int:
+        """:meth:`batch_size` with ``slots`` items running at once: the rule of one process per
+        slot (what fits ``target`` seconds of one slot's time, at least one item a slot), at
+        most the handler's ``batch`` or the slots, whichever is more."""
+        most = max(driver.handler.batch, slots)
+        if target <= 0:
+            return most
+        per_item = self.per_item.get(driver)  # seconds one item runs, in its slot
+        if per_item is None:
+            return slots
+        fits = slots * max(1, int(target / per_item)) if per_item > 0 else most
+        return max(1, min(most, fits, 2 * self.sizes.get(driver, slots)))
 
     def measured(self, driver: AnyDriver, started: int, seconds: float) -> None:
         """Fold a batch's handler time into ``driver``'s time per item."""
@@ -96,6 +132,13 @@ class BatchRunner:
             return 0
         batch = Batch(driver, items, started_at, trace=logger.isEnabledFor(logging.DEBUG))
         self.holdings.start_batch(driver, items)
+        slots = self.slots_of(driver)
+        if slots > 1:
+            try:
+                self._run_in_slots(batch, slots)
+            finally:
+                self._end(batch)
+            return len(batch.items)
         sure_until, shift, monotonic = self.holdings.sure_until, clock_shift, time.monotonic
         try:
             while (item := self.holdings.next_to_start(driver, self.stop)) is not None:
@@ -181,6 +224,130 @@ class BatchRunner:
             batch.done += 1
             if name:
                 logger.debug("%s: done", name)
+
+    # Many at a time (--concurrency) -----------------------------------------------------------
+
+    def _run_in_slots(self, batch: Batch, size: int) -> None:
+        """Run ``batch`` with up to ``size`` of its items at once, in slots; top it up as slots
+        come free (what finished acknowledged and more claimed, in one transaction) until a
+        stop, or until nothing more is claimable and every item has ended.
+
+        Slots are topped up once half of them are free (or none runs), else every
+        ``POLL_MAX`` seconds; a top-up that finds nothing backs off as an idle worker's polls
+        do. Serving several queues, a batch stops topping up after ``POLL_MAX`` seconds, so
+        that the other queues get their turn. Everything but the handler's call stays in this
+        thread: outcomes are settled here as :meth:`_run_item` settles them. A hard stop
+        interrupts the running handlers and gives back what they have not finished."""
+        driver = batch.driver
+        if self.slots is None:
+            self.slots = Slots(max(size, self.concurrency), self.board)
+        slots = self.slots
+        sure_until, monotonic = self.holdings.sure_until, time.monotonic
+        poll_min, poll_max = float(setting("POLL_MIN")), float(setting("POLL_MAX"))
+        running, topping = 0, True
+        last_top_up = next_top_up = monotonic()
+        wait = poll_min
+        top_up_until = last_top_up + poll_max if self.serving_several else float("inf")
+        while True:
+            while running < size and (item := self.holdings.next_to_start(driver, self.stop)) is not None:
+                if monotonic() + clock_shift.seconds >= sure_until.get(driver, 0.0) and not self._still_held(
+                    batch, item
+                ):
+                    continue
+                batch.started += 1
+                if batch.trace:
+                    logger.debug("%s: started", driver.describe_fully(item))
+                slots.submit(driver, item)
+                running += 1
+            free = size - running
+            now = monotonic()
+            topping = topping and not self.stop.stopping and now < top_up_until
+            due = (
+                next_top_up if (2 * free >= size or not running) else max(next_top_up, last_top_up + poll_max)
+            )
+            if topping and free and now >= due:
+                more, topping = self._top_up(batch, free)
+                last_top_up = monotonic()
+                if more:
+                    next_top_up, wait = last_top_up, poll_min
+                    continue
+                next_top_up = last_top_up + wait
+                wait = min(wait * float(setting("POLL_FACTOR")), poll_max)
+                due = next_top_up
+            if not running:  # and the last top-up found nothing (or a stop came): the batch is over
+                return
+            timeout = min(0.1, max(0.001, due - monotonic())) if topping and free else 0.1
+            for outcome in slots.wait(timeout):
+                running -= 1
+                self._ended_in_slot(batch, outcome)
+            if self.stop.aborting and running:
+                self._stop_slots(batch)
+                return
+
+    def _top_up(self, batch: Batch, free: int) -> tuple[list[Any], bool]:
+        """Acknowledge what finished in ``batch`` and claim more for ``free`` slots; return what
+        came and whether to go on topping up (not after a database error)."""
+        driver = batch.driver
+        target = self._batch_time(driver)
+        per_item = self.per_item.get(driver)
+        if target <= 0:
+            per_slot = max(1, driver.handler.batch // self.slots_of(driver))
+        else:
+            per_slot = max(1, int(target / per_item)) if per_item else 1
+        finished, batch.finished = batch.finished, []
+        more, settled = self.settler.top_up(
+            driver, finished, min(free * per_slot, max(driver.handler.batch, free))
+        )
+        if finished:
+            # Acknowledged, or kept to settle in the next round: this batch is done with them.
+            self.holdings.acknowledged(driver, {driver.key(item) for item in finished})
+        if more:
+            batch.items.extend(more)
+            self.sizes[driver] = len(more)
+        return more, settled
+
+    def _batch_time(self, driver: AnyDriver) -> float:
+        """The seconds of work ``driver``'s claims aim at: its handler's, else BATCH_TIME."""
+        handler = driver.handler
+        return handler.batch_time if handler.batch_time is not None else float(setting("BATCH_TIME"))
+
+    def _ended_in_slot(self, batch: Batch, outcome: Outcome) -> None:
+        """Settle one item that ended in a slot, as :meth:`_run_item` settles one it ran."""
+        driver, item, error, seconds = outcome
+        last = self.per_item.get(driver)
+        self.per_item[driver] = seconds if last is None else 0.5 * last + 0.5 * seconds
+        if error is None:
+            batch.finished.append(item)
+            batch.settled.add(driver.key(item))
+            batch.done += 1
+            if batch.trace:
+                logger.debug("%s: done", driver.describe_fully(item))
+        elif isinstance(error, StopNow) or self.stop.aborting:
+            pass  # interrupted by a hard stop (or cancelled by it): given back at the batch's end
+        elif isinstance(error, FailedForGood):
+            self.settler.failed_for_good(batch, item, error)
+        elif isinstance(error, Exception):
+            self.settler.failed(batch, item, error)
+        else:  # SystemExit, KeyboardInterrupt raised by a handler in its slot: a failure too
+            self.settler.failed(batch, item, RuntimeError(f"{type(error).__name__}: {error}"))
+
+    def _stop_slots(self, batch: Batch) -> None:
+        """A hard stop: interrupt the handlers running in slots, hear what they say for a
+        moment, then give back (at the batch's end) what still runs."""
+        slots = self.slots
+        assert slots is not None
+        deadline = time.monotonic() + 1.0
+        while slots.busy and time.monotonic() < deadline:
+            slots.interrupt()
+            for outcome in slots.wait(0.01):
+                self._ended_in_slot(batch, outcome)
+        for _driver, item in slots.abandon():
+            logger.warning("%s: still running at the hard stop; given back", batch.driver.describe(item))
+
+    def close(self) -> None:
+        """End the slots' threads (the worker is stopping)."""
+        if self.slots is not None:
+            self.slots.close()
 
     def _end(self, batch: Batch) -> None:
         """Settle ``batch``, count it and log it; raise the database error its settling met.

@@ -144,6 +144,29 @@ class Settler:
         self.holdings.settled(driver, more, at)
         return more, error
 
+    def top_up(self, driver: AnyDriver, finished: list[Any], limit: int) -> tuple[list[Any], bool]:
+        """A running batch's slots came free (``workers --concurrency``): acknowledge what has
+        finished and claim up to ``limit`` more, in one transaction, as a batch's end does.
+
+        Return the items claimed and whether the acknowledgement went through; when it did not,
+        the finished items are kept (:attr:`Holdings.unsettled`) for the next round."""
+        at = local_clock()
+        try:
+            more = driver.done_and_claim(finished, limit) if finished else driver.claim(limit)
+        except (DatabaseError, DatabaseBusy) as raised:
+            if finished:
+                self.holdings.keep(self.holdings.unsettled, driver, finished)
+            logger.warning(
+                "%s: could not settle %s and claim more (%s); settling them in the next round",
+                driver.describe_queue(),
+                count(len(finished), f"finished {driver.noun}"),
+                first_line(raised),
+            )
+            return [], False
+        if more:
+            self.holdings.add_to_batch(driver, more, at)
+        return more, True
+
     def give_back(self, driver: AnyDriver, items: list[Any], quiet: bool = False) -> None:
         """Give ``items`` back; if that fails, keep them to give back in the next round."""
         if not items:

@@ -179,3 +179,43 @@ def report_loop(item_id: int) -> None:
     from tests.progress_tasks import report_until_told
 
     report_until_told("p-loop", item_id)
+
+
+# Issue 44: many items at a time in one process (workers --concurrency). ------------------------
+
+
+@tube("w-many", ttr=30)
+def many(task: Any) -> None:
+    """Waits as a network call would (``data["sleep"]`` seconds); fails if ``data["fail"]``."""
+    log("many", task.id, "start")
+    time.sleep(task.data.get("sleep", 0.3))
+    if task.data.get("fail"):
+        raise RuntimeError(f"task {task.id} fails on purpose")
+    log("many", task.id)
+
+
+@tube("w-many-async", ttr=30)
+async def many_async(task: Any) -> None:
+    await _alog("many-async", task.id, "start")
+    try:
+        await asyncio.sleep(task.data.get("sleep", 0.3))
+    except asyncio.CancelledError:
+        await _alog("many-async", task.id, "cancelled")
+        raise
+    await _alog("many-async", task.id)
+
+
+@tube("w-many-keyed", type="utubettl", ttr=30)
+def many_keyed(task: Any) -> None:
+    """Logs its key with its id: per key, never two at once."""
+    log("many-keyed", f"{task.utube}/{task.id}", "start")
+    time.sleep(task.data.get("sleep", 0.2))
+    log("many-keyed", f"{task.utube}/{task.id}")
+
+
+@tube("w-many-own", ttr=30, concurrency=4)
+def many_own(task: Any) -> None:
+    """A handler that sets its own concurrency (4), whatever --concurrency says."""
+    log("many-own", task.id, "start")
+    time.sleep(task.data.get("sleep", 0.3))
+    log("many-own", task.id)

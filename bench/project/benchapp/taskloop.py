@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,20 @@ def noop_utube(task: Any) -> None:
 @tube("bench-utubettl", batch=100, type="utubettl")
 def noop_utubettl(task: Any) -> None:
     record(task.data)
+
+
+# Work that waits, as a network call does (bench/concurrency_bench.py): ``data`` is
+# ``[n, seconds]``.
+@tube("bench-wait", batch=100)
+def wait(task: Any) -> None:
+    record(task.data[0])
+    time.sleep(task.data[1])
+
+
+@tube("bench-await", batch=100)
+async def await_(task: Any) -> None:
+    record(task.data[0])
+    await asyncio.sleep(task.data[1])
 
 
 @board("bench-board", batch=100)

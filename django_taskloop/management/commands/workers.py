@@ -31,6 +31,15 @@ class Command(BaseCommand):
             help="Run only this handler (a tube's or board's name, a loop's model label, a Django Tasks "
             "queue's name); repeatable.",
         )
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=None,
+            metavar="N",
+            help="Items each process runs at once, each in a thread of its own (async def handlers on "
+            "that thread's event loop); a handler's own concurrency= wins. Default: "
+            "TASKLOOP['CONCURRENCY'], 1.",
+        )
         parser.add_argument("--burst", action="store_true", help="Drain the work that is ready, then exit.")
         parser.add_argument(
             "--no-schedule",
@@ -64,6 +73,7 @@ class Command(BaseCommand):
         self,
         *args: Any,
         processes: int,
+        concurrency: int | None,
         only: list[str] | None,
         burst: bool,
         schedule: bool,
@@ -72,6 +82,8 @@ class Command(BaseCommand):
     ) -> None:
         if processes < 1:
             raise CommandError("--processes must be at least 1")
+        if concurrency is not None and concurrency < 1:
+            raise CommandError("--concurrency must be at least 1")
         log = _logger()
         if options["verbosity"] >= 2:
             # -v 2 names every item as it starts and ends, with the traceback of each failure.
@@ -80,7 +92,7 @@ class Command(BaseCommand):
                 handler.setLevel(logging.DEBUG)
 
         def work() -> int:
-            return _work(only, processes, burst, schedule)
+            return _work(only, processes, burst, schedule, concurrency)
 
         status = reloading(work) if reload_wanted(reload, burst) else work()
         if status:
@@ -95,10 +107,12 @@ def reload_wanted(asked: bool | None, burst: bool) -> bool:
     return bool(settings.DEBUG) and not burst
 
 
-def _work(only: list[str] | None, processes: int, burst: bool, schedule: bool) -> int:
+def _work(
+    only: list[str] | None, processes: int, burst: bool, schedule: bool, concurrency: int | None = None
+) -> int:
     """Run the workers; return the exit status."""
     try:
-        return run_workers(only, processes=processes, burst=burst, schedule=schedule)
+        return run_workers(only, processes=processes, burst=burst, schedule=schedule, concurrency=concurrency)
     except NotMigrated as error:
         # One line instead of the traceback of the first missing table.
         raise CommandError(str(error), returncode=2)

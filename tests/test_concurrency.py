@@ -1,0 +1,210 @@
+"""``workers --concurrency N`` (issue 44 §1): many items at a time in one worker process.
+
+Real worker processes on the test database. How many ran at once is counted from the handlers'
+own start and end records (``WorkLog``), never from timings: a bound is "never more than N at
+once", a capability "more than one at once".
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from django_taskloop.models import Failure, JobBoard, Tube
+from tests.testapp.models import WorkerLoop, WorkLog
+
+from .workers_util import run_workers, start_workers, stop, stop_hard, wait_until
+
+FAST = '{"RETRY_BACKOFF": 0.2, "MAX_ATTEMPTS": 2, "GRACE_PERIOD": 20, "HEARTBEAT_INTERVAL": 0.5}'
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def records(kind: str) -> list[tuple[str, str, float]]:
+    return list(WorkLog.objects.filter(kind=kind).values_list("key", "phase", "at"))
+
+
+def most_at_once(rows: list[tuple[str, str, float]]) -> int:
+    """The most items running at one moment: starts and ends in time order (an end before a
+    start at the same instant)."""
+    events = sorted((at, 0 if phase == "end" else 1) for _key, phase, at in rows if phase in ("start", "end"))
+    running = most = 0
+    for _at, starts in events:
+        running += 1 if starts else -1
+        most = max(most, running)
+    return most
+
+
+def ends(kind: str) -> Counter[str]:
+    return Counter(key for key, phase, _at in records(kind) if phase == "end")
+
+
+@pytest.mark.parametrize(("name", "kind"), [("w-many", "many"), ("w-many-async", "many-async")])
+def test_one_process_runs_up_to_n_items_at_once(name: str, kind: str) -> None:
+    tube = Tube.objects.create_tube(name, "fifottl", ttr=30)
+    ids = [task.id for task in tube.put_many([{"sleep": 1.0}] * 24)]
+    done = run_workers("--burst", "--only", name, "--concurrency", "8")
+    assert done.returncode == 0, done.stderr
+    assert "8 items at a time each" in done.stderr
+    assert ends(kind) == Counter({str(i): 1 for i in ids}), done.stderr
+    rows = records(kind)
+    # One process, one item at a time, would never overlap; eight slots of 1 s items do, and
+    # never more than eight.
+    assert 2 <= most_at_once(rows) <= 8, rows
+    assert tube.statistics()["tasks"]["total"] == 0
+    assert tube.statistics()["calls"]["ack"] == 24
+
+
+def test_a_handlers_own_concurrency_wins_over_the_command_line() -> None:
+    tube = Tube.objects.create_tube("w-many-own", "fifottl", ttr=30)
+    tube.put_many([{"sleep": 0.5}] * 12)
+    done = run_workers("--burst", "--only", "w-many-own", "--concurrency", "10")
+    assert done.returncode == 0, done.stderr
+    assert sum(ends("many-own").values()) == 12
+    assert 2 <= most_at_once(records("many-own")) <= 4
+
+
+def test_keyed_tasks_run_one_at_a_time_per_key_and_keys_side_by_side() -> None:
+    tube = Tube.objects.create_tube("w-many-keyed", "utubettl", ttr=30)
+    for key in "abc":
+        tube.put_many([{"sleep": 0.3}] * 4, utube=key)
+    done = run_workers("--burst", "--only", "w-many-keyed", "--concurrency", "8")
+    assert done.returncode == 0, done.stderr
+    rows = records("many-keyed")
+    assert sum(1 for _k, phase, _at in rows if phase == "end") == 12
+    for key in "abc":
+        assert most_at_once([row for row in rows if row[0].startswith(f"{key}/")]) == 1, rows
+    assert most_at_once(rows) >= 2, rows
+
+
+def test_failures_in_slots_are_retried_recorded_and_buried() -> None:
+    tube = Tube.objects.create_tube("w-many", "fifottl", ttr=30)
+    bad = [task.id for task in tube.put_many([{"sleep": 0.1, "fail": True}] * 3)]
+    good = [task.id for task in tube.put_many([{"sleep": 0.3}] * 6)]
+    done = run_workers(
+        "--burst",
+        "--only",
+        "w-many",
+        "--concurrency",
+        "4",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
+    assert done.returncode == 0, done.stderr
+    assert ends("many") == Counter({str(i): 1 for i in good}), done.stderr
+    stats = tube.statistics()["tasks"]
+    assert stats["buried"] == 3 and stats["total"] == 3, stats
+    for task_id in bad:
+        assert tube.peek(task_id).attempts == 2
+        assert [f.attempt for f in Failure.objects.for_item(tube.peek(task_id))] == [2, 1]
+        assert f'task {task_id} of tube "w-many" failed (attempt 2 of 2), buried: RuntimeError' in done.stderr
+
+
+def test_a_task_put_while_a_long_one_runs_starts_in_a_free_slot_at_once() -> None:
+    tube = Tube.objects.create_tube("w-many", "fifottl", ttr=30)
+    long = tube.put({"sleep": 4.0})
+    worker = start_workers("--only", "w-many", "--concurrency", "2")
+    try:
+        wait_until(lambda: WorkLog.objects.filter(kind="many", key=str(long.id), phase="start").exists(), 60)
+        short = tube.put({"sleep": 0.05})
+        wait_until(lambda: ends("many")[str(short.id)] == 1, 60)
+        # The long one still runs: the short one did not wait for it (one at a time would have).
+        assert ends("many")[str(long.id)] == 0
+        wait_until(lambda: ends("many")[str(long.id)] == 1, 60)
+    finally:
+        output = stop(worker)
+    assert worker.returncode == 0, output
+
+
+def test_a_stop_lets_running_items_finish_and_gives_back_the_rest() -> None:
+    tube = Tube.objects.create_tube("w-many", "fifottl", ttr=30)
+    ids = [task.id for task in tube.put_many([{"sleep": 0.6}] * 30)]
+    worker = start_workers(
+        "--only",
+        "w-many",
+        "--concurrency",
+        "5",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
+    try:
+        wait_until(lambda: WorkLog.objects.filter(kind="many", phase="start").count() >= 3, 60)
+        worker.send_signal(signal.SIGTERM)
+        output = worker.communicate(timeout=30)[0]  # one signal only: stop() would send another
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, output
+    started = {key for key, phase, _at in records("many") if phase == "start"}
+    assert started and set(ends("many")) == started, output  # everything started finished
+    assert len(started) < 30, output  # and nothing new started after the stop
+    assert tube.statistics()["tasks"]["taken"] == 0, output
+    again = run_workers("--burst", "--only", "w-many", "--concurrency", "5")
+    assert again.returncode == 0, again.stderr
+    assert ends("many") == Counter({str(i): 1 for i in ids}), output + again.stderr
+
+
+@pytest.mark.parametrize(("name", "kind"), [("w-many", "many"), ("w-many-async", "many-async")])
+def test_a_hard_stop_interrupts_the_running_items_and_gives_them_back(name: str, kind: str) -> None:
+    tube = Tube.objects.create_tube(name, "fifottl", ttr=30)
+    ids = [task.id for task in tube.put_many([{"sleep": 120}] * 3)]
+    worker = start_workers(
+        "--only",
+        name,
+        "--concurrency",
+        "3",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
+    try:
+        wait_until(lambda: WorkLog.objects.filter(kind=kind, phase="start").count() == 3, 60)
+        output = stop_hard(worker)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, output
+    assert "giving everything back now" in output
+    assert "3 given back" in output, output
+    assert not ends(kind)
+    for task_id in ids:
+        assert tube.peek(task_id).state == "r"
+    if kind == "many-async":  # the coroutines were cancelled, and ran their cleanup
+        assert Counter(phase for _k, phase, _at in records(kind))["cancelled"] == 3
+
+
+def test_the_heartbeat_keeps_every_running_items_lease() -> None:
+    slow = Tube.objects.create_tube("w-slow", "fifottl", ttr=2)
+    ids = [slow.put({"sleep": 3.0}).id for _ in range(4)]
+    done = run_workers(
+        "--burst",
+        "--processes",
+        "2",
+        "--only",
+        "w-slow",
+        "--concurrency",
+        "4",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES='{"HEARTBEAT_INTERVAL": 0.3}',
+    )
+    assert done.returncode == 0, done.stderr
+    # ttr 2 s under 3 s handlers: without renewals the other process would take them too.
+    starts = Counter(key for key, phase, _at in records("slow") if phase == "start")
+    assert starts == Counter({str(i): 1 for i in ids}), done.stderr
+    assert slow.statistics()["calls"]["ttr"] == 0
+
+
+@pytest.mark.parametrize("handlers", [("w-async-board", "async-board"), ("w-async-loop", "async-loop")])
+def test_boards_and_loops_run_many_at_once_too(handlers: Any) -> None:
+    name, kind = handlers
+    if kind == "async-board":
+        board = JobBoard.objects.create_board(name)
+        keys = {str(board.post(f"job-{n}", {}).uuid) for n in range(20)}
+    else:
+        WorkerLoop.objects.add(list(range(1, 21)))
+        keys = {str(n) for n in range(1, 21)}
+    done = run_workers("--burst", "--only", name, "--concurrency", "6")
+    assert done.returncode == 0, done.stderr
+    assert ends(kind) == Counter({key: 1 for key in keys}), done.stderr
