@@ -7,20 +7,32 @@ once", a capability "more than one at once".
 
 from __future__ import annotations
 
-import signal
+import time
 from collections import Counter
 from typing import Any
 
 import pytest
 
 from django_taskloop.models import Failure, JobBoard, Tube
+from django_taskloop.workers import Handler
+from django_taskloop.workers.runner import Worker
 from tests.testapp.models import WorkerLoop, WorkLog
 
-from .workers_util import run_workers, start_workers, stop, stop_hard, wait_until
+from .workers_util import run_workers, start_workers, stop, stop_hard, stop_once, wait_until
 
 FAST = '{"RETRY_BACKOFF": 0.2, "MAX_ATTEMPTS": 2, "GRACE_PERIOD": 20, "HEARTBEAT_INTERVAL": 0.5}'
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def run_fast(*args: str) -> Any:
+    """``workers *args`` to the end, with :data:`FAST` backoffs and beats."""
+    return run_workers(*args, DJANGO_SETTINGS_MODULE="tests.workers_settings", TASKLOOP_OVERRIDES=FAST)
+
+
+def start_fast(*args: str) -> Any:
+    """``workers *args`` in the background, with :data:`FAST` backoffs and beats."""
+    return start_workers(*args, DJANGO_SETTINGS_MODULE="tests.workers_settings", TASKLOOP_OVERRIDES=FAST)
 
 
 def records(kind: str) -> list[tuple[str, str, float]]:
@@ -84,14 +96,12 @@ def test_failures_in_slots_are_retried_recorded_and_buried() -> None:
     tube = Tube.objects.create_tube("w-many", "fifottl", ttr=30)
     bad = [task.id for task in tube.put_many([{"sleep": 0.1, "fail": True}] * 3)]
     good = [task.id for task in tube.put_many([{"sleep": 0.3}] * 6)]
-    done = run_workers(
+    done = run_fast(
         "--burst",
         "--only",
         "w-many",
         "--concurrency",
         "4",
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=FAST,
     )
     assert done.returncode == 0, done.stderr
     assert ends("many") == Counter({str(i): 1 for i in good}), done.stderr
@@ -122,21 +132,18 @@ def test_a_task_put_while_a_long_one_runs_starts_in_a_free_slot_at_once() -> Non
 def test_a_stop_lets_running_items_finish_and_gives_back_the_rest() -> None:
     tube = Tube.objects.create_tube("w-many", "fifottl", ttr=30)
     ids = [task.id for task in tube.put_many([{"sleep": 0.6}] * 30)]
-    worker = start_workers(
+    worker = start_fast(
         "--only",
         "w-many",
         "--concurrency",
         "5",
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=FAST,
     )
     try:
         wait_until(lambda: WorkLog.objects.filter(kind="many", phase="start").count() >= 3, 60)
-        worker.send_signal(signal.SIGTERM)
-        output = worker.communicate(timeout=30)[0]  # one signal only: stop() would send another
-    finally:
-        if worker.poll() is None:
-            worker.kill()
+    except BaseException:
+        stop(worker)
+        raise
+    output = stop_once(worker)
     assert worker.returncode == 0, output
     started = {key for key, phase, _at in records("many") if phase == "start"}
     assert started and set(ends("many")) == started, output  # everything started finished
@@ -151,13 +158,11 @@ def test_a_stop_lets_running_items_finish_and_gives_back_the_rest() -> None:
 def test_a_hard_stop_interrupts_the_running_items_and_gives_them_back(name: str, kind: str) -> None:
     tube = Tube.objects.create_tube(name, "fifottl", ttr=30)
     ids = [task.id for task in tube.put_many([{"sleep": 120}] * 3)]
-    worker = start_workers(
+    worker = start_fast(
         "--only",
         name,
         "--concurrency",
         "3",
-        DJANGO_SETTINGS_MODULE="tests.workers_settings",
-        TASKLOOP_OVERRIDES=FAST,
     )
     try:
         wait_until(lambda: WorkLog.objects.filter(kind=kind, phase="start").count() == 3, 60)
@@ -208,3 +213,57 @@ def test_boards_and_loops_run_many_at_once_too(handlers: Any) -> None:
     done = run_workers("--burst", "--only", name, "--concurrency", "6")
     assert done.returncode == 0, done.stderr
     assert ends(kind) == Counter({key: 1 for key in keys}), done.stderr
+
+
+# In one process, the runner's own parts. ----------------------------------------------------
+
+
+def _nap(task: Any) -> None:
+    time.sleep(0.04)
+
+
+def _slots_worker(*handlers: Handler) -> Worker:
+    worker = Worker(list(handlers), burst=True, schedule=False)
+    for driver in worker.drivers:
+        driver.prepare()
+    return worker
+
+
+def test_a_batch_in_slots_sizes_the_next_claim_by_each_items_own_time(settings: Any) -> None:
+    settings.TASKLOOP = {"BATCH_TIME": 0.1}
+    worker = _slots_worker(
+        Handler(
+            "tube", "w-slot-sizes", _nap, "w-slot-sizes", concurrency=4, lease=30, create={"type": "fifottl"}
+        )
+    )
+    (driver,) = worker.drivers
+    driver.tube.put_many([{}] * 8)
+    try:
+        assert worker.batches.run(driver) == 8  # first 4 (one a slot), then topped up
+    finally:
+        worker.batches.close()
+    # Each item ran 40 ms in its slot (and a little more): what fits BATCH_TIME in one slot, four
+    # times over. The batch's wall time per item, a quarter of that, would make it claim twice
+    # as many.
+    per_item = worker.batches.per_item[driver]
+    assert 0.04 <= per_item < 0.1
+    worker.batches.sizes[driver] = 8  # (past the slow start: no doubling cap)
+    assert worker.batches.batch_size(driver) == 4 * int(0.1 / per_item)
+
+
+def test_handlers_with_different_concurrency_share_one_process() -> None:
+    pair = Handler(
+        "tube", "w-slot-pair", _nap, "w-slot-pair", concurrency=2, lease=30, create={"type": "fifottl"}
+    )
+    four = Handler(
+        "tube", "w-slot-four", _nap, "w-slot-four", concurrency=4, lease=30, create={"type": "fifottl"}
+    )
+    worker = _slots_worker(pair, four)
+    for driver in worker.drivers:
+        driver.tube.put_many([{}] * 4)
+    try:
+        # The first batch made two slots; the second handler runs four at once all the same.
+        assert [worker.batches.run(driver) for driver in worker.drivers] == [4, 4]
+    finally:
+        worker.batches.close()
+    assert all(driver.tube.statistics()["tasks"]["total"] == 0 for driver in worker.drivers)

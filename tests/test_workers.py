@@ -17,7 +17,16 @@ from django_taskloop.models.operating import throughput_totals
 from django_taskloop.workers import Handler, board, get_handlers, loop, registry, tube
 from tests.testapp.models import WorkerLoop, WorkLog
 
-from .workers_util import alive, children_of, run_workers, start_workers, stop, stop_hard, wait_until
+from .workers_util import (
+    alive,
+    children_of,
+    run_workers,
+    start_workers,
+    stop,
+    stop_hard,
+    stop_once,
+    wait_until,
+)
 
 FAST = '{"RETRY_BACKOFF": 0.3, "MAX_ATTEMPTS": 3, "GRACE_PERIOD": 20, "HEARTBEAT_INTERVAL": 0.5}'
 
@@ -274,11 +283,10 @@ def test_sigterm_lets_work_in_hand_finish_nothing_lost_nothing_twice():
     )
     try:
         wait_until(lambda: WorkLog.objects.filter(kind="slow", phase="start").exists(), timeout=60)
-        worker.send_signal(signal.SIGTERM)
-        output = worker.communicate(timeout=30)[0]  # one signal only: stop() would send another
-    finally:
-        if worker.poll() is None:
-            worker.kill()
+    except BaseException:
+        stop(worker)
+        raise
+    output = stop_once(worker)
     assert worker.returncode == 0, output
     assert "finishing work in hand" in output
     first = ends("slow")
@@ -330,12 +338,11 @@ def test_work_still_running_when_the_grace_period_ends_is_given_back():
     )
     try:
         wait_until(lambda: WorkLog.objects.filter(kind="slow", phase="start").exists(), timeout=60)
-        started = time.monotonic()
-        worker.send_signal(signal.SIGTERM)
-        output = worker.communicate(timeout=30)[0]  # one signal only: stop() would send another
-    finally:
-        if worker.poll() is None:
-            worker.kill()
+    except BaseException:
+        stop(worker)
+        raise
+    started = time.monotonic()
+    output = stop_once(worker)
     assert 0.9 < time.monotonic() - started < 15
     assert worker.returncode == 0, output
     assert "grace period over" in output

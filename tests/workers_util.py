@@ -112,6 +112,17 @@ def taskloop_here(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def stop_once(worker: subprocess.Popen[str], timeout: float = 30) -> str:
+    """Send one SIGTERM (the graceful stop: :func:`stop` would send another) and return the
+    worker's output once it has exited; kill it if it has not within ``timeout``."""
+    worker.send_signal(signal.SIGTERM)
+    try:
+        return worker.communicate(timeout=timeout)[0]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
 def stop_hard(worker: subprocess.Popen[str], timeout: float = 30) -> str:
     """Send SIGTERM, then SIGTERM again (the hard stop), and return the worker's output.
 

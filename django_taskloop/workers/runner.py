@@ -123,7 +123,7 @@ class Worker:
             tallies=self.tallies,
             throughput=throughput,
             board=board,
-            concurrency=concurrency if concurrency is not None else int(setting("CONCURRENCY")),
+            concurrency=concurrency_of(concurrency),
             serving_several=len(self.drivers) > 1,
         )
 
@@ -360,6 +360,12 @@ class Worker:
             )
 
 
+def concurrency_of(asked: int | None) -> int:
+    """The items a worker process runs at once of a handler that sets no ``concurrency``: as
+    asked (``--concurrency``), else ``TASKLOOP["CONCURRENCY"]``."""
+    return int(setting("CONCURRENCY")) if asked is None else check_count(asked, "concurrency", minimum=1)
+
+
 def _child(names: list[str], burst: bool, schedule: bool = True, concurrency: int | None = None) -> None:
     # Own process group: a Ctrl-C in the terminal reaches the supervisor alone, which passes
     # it on once; otherwise every child would see it twice and stop at once.
@@ -398,9 +404,7 @@ def run_workers(
     if schedule:
         schedules.configured()  # a bad schedule stops the command here, before any process starts
     check_databases(shard_handlers(handlers), processes)
-    if concurrency is not None:
-        check_count(concurrency, "concurrency", minimum=1)
-    at_once = concurrency if concurrency is not None else int(setting("CONCURRENCY"))
+    at_once = concurrency_of(concurrency)
     logger.info(
         "starting %d worker process(es)%s%s for: %s",
         processes,

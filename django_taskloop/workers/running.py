@@ -81,10 +81,17 @@ class BatchRunner:
         a fast one reaches its full batch within a few claims.
         """
         handler = driver.handler
-        target = handler.batch_time if handler.batch_time is not None else float(setting("BATCH_TIME"))
+        target = self._batch_time(driver)
         slots = self.slots_of(driver)
         if slots > 1:
-            return self._slots_batch_size(driver, slots, target)
+            # One process's rule per slot, at most the batch or the slots, whichever is more.
+            most = max(handler.batch, slots)
+            if target <= 0:
+                return most
+            # (Doubling from claim to claim, never below one item a slot: a top-up that filled
+            # one free slot is no slow start.)
+            grown = max(slots, 2 * self.sizes.get(driver, slots))
+            return max(1, min(most, slots * self._per_slot(driver), grown))
         if target <= 0:
             return handler.batch
         per_item = self.per_item.get(driver)
@@ -93,18 +100,20 @@ class BatchRunner:
         fits = int(target / per_item) if per_item > 0 else handler.batch
         return max(1, min(handler.batch, fits, 2 * self.sizes.get(driver, 1)))
 
-    def _slots_batch_size(self, driver: AnyDriver, slots: int, target: float) -> int:
-        """:meth:`batch_size` with ``slots`` items running at once: the rule of one process per
-        slot (what fits ``target`` seconds of one slot's time, at least one item a slot), at
-        most the handler's ``batch`` or the slots, whichever is more."""
-        most = max(driver.handler.batch, slots)
+    def _per_slot(self, driver: AnyDriver) -> int:
+        """How many of ``driver``'s items one slot gets in a claim (``--concurrency``): what fits
+        ``batch_time`` of one item's own measured time, at least one (one before anything is
+        measured; the handler's ``batch`` shared out among its slots when ``batch_time`` is 0)."""
+        target = self._batch_time(driver)
         if target <= 0:
-            return most
+            return max(1, driver.handler.batch // self.slots_of(driver))
         per_item = self.per_item.get(driver)  # seconds one item runs, in its slot
-        if per_item is None:
-            return slots
-        fits = slots * max(1, int(target / per_item)) if per_item > 0 else most
-        return max(1, min(most, fits, 2 * self.sizes.get(driver, slots)))
+        return max(1, int(target / per_item)) if per_item else 1
+
+    def _batch_time(self, driver: AnyDriver) -> float:
+        """The seconds of work ``driver``'s claims aim at: its handler's, else BATCH_TIME."""
+        handler = driver.handler
+        return handler.batch_time if handler.batch_time is not None else float(setting("BATCH_TIME"))
 
     def measured(self, driver: AnyDriver, started: int, seconds: float) -> None:
         """Fold a batch's handler time into ``driver``'s time per item."""
@@ -240,7 +249,7 @@ class BatchRunner:
         interrupts the running handlers and gives back what they have not finished."""
         driver = batch.driver
         if self.slots is None:
-            self.slots = Slots(max(size, self.concurrency), self.board)
+            self.slots = Slots(self.board)
         slots = self.slots
         sure_until, monotonic = self.holdings.sure_until, time.monotonic
         poll_min, poll_max = float(setting("POLL_MIN")), float(setting("POLL_MAX"))
@@ -288,15 +297,9 @@ class BatchRunner:
         """Acknowledge what finished in ``batch`` and claim more for ``free`` slots; return what
         came and whether to go on topping up (not after a database error)."""
         driver = batch.driver
-        target = self._batch_time(driver)
-        per_item = self.per_item.get(driver)
-        if target <= 0:
-            per_slot = max(1, driver.handler.batch // self.slots_of(driver))
-        else:
-            per_slot = max(1, int(target / per_item)) if per_item else 1
         finished, batch.finished = batch.finished, []
         more, settled = self.settler.top_up(
-            driver, finished, min(free * per_slot, max(driver.handler.batch, free))
+            driver, finished, min(free * self._per_slot(driver), max(driver.handler.batch, free))
         )
         if finished:
             # Acknowledged, or kept to settle in the next round: this batch is done with them.
@@ -305,11 +308,6 @@ class BatchRunner:
             batch.items.extend(more)
             self.sizes[driver] = len(more)
         return more, settled
-
-    def _batch_time(self, driver: AnyDriver) -> float:
-        """The seconds of work ``driver``'s claims aim at: its handler's, else BATCH_TIME."""
-        handler = driver.handler
-        return handler.batch_time if handler.batch_time is not None else float(setting("BATCH_TIME"))
 
     def _ended_in_slot(self, batch: Batch, outcome: Outcome) -> None:
         """Settle one item that ended in a slot, as :meth:`_run_item` settles one it ran."""
@@ -357,7 +355,8 @@ class BatchRunner:
         """
         driver = batch.driver
         batch.ran_at = time.monotonic()
-        self.measured(driver, batch.started, batch.ran_at - batch.running_at)
+        if self.slots_of(driver) == 1:  # (in slots, each item's own time is measured as it ends)
+            self.measured(driver, batch.started, batch.ran_at - batch.running_at)
         returned = self.holdings.end_batch(driver)
         batch.settled |= returned
         left = [item for item in batch.items if driver.key(item) not in batch.settled]

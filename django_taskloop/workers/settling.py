@@ -125,17 +125,7 @@ class Settler:
         error: BaseException | None = None
         at = local_clock()
         if finished:
-            try:
-                more = driver.done_and_claim(finished, claim_next)
-            except (DatabaseError, DatabaseBusy) as raised:
-                error = raised
-                self.holdings.keep(self.holdings.unsettled, driver, finished)
-                logger.warning(
-                    "%s: could not settle %s (%s); settling them in the next round",
-                    driver.describe_queue(),
-                    count(len(finished), f"finished {driver.noun}"),
-                    first_line(raised),
-                )
+            more, error = self._done_and_claim(driver, finished, claim_next)
         if left:
             try:
                 self.give_back(driver, left, quiet=error is not None)
@@ -151,21 +141,31 @@ class Settler:
         Return the items claimed and whether the acknowledgement went through; when it did not,
         the finished items are kept (:attr:`Holdings.unsettled`) for the next round."""
         at = local_clock()
+        more, error = self._done_and_claim(driver, finished, limit)
+        if more:
+            self.holdings.add_to_batch(driver, more, at)
+        return more, error is None
+
+    def _done_and_claim(
+        self, driver: AnyDriver, finished: list[Any], limit: int
+    ) -> tuple[list[Any], BaseException | None]:
+        """Acknowledge ``finished`` and claim up to ``limit`` more in one transaction (nothing
+        finished: the claim alone); return what came and the database error met. What could not
+        be acknowledged is kept (:attr:`Holdings.unsettled`) for the next round."""
         try:
-            more = driver.done_and_claim(finished, limit) if finished else driver.claim(limit)
+            return (driver.done_and_claim(finished, limit) if finished else driver.claim(limit)), None
         except (DatabaseError, DatabaseBusy) as raised:
             if finished:
                 self.holdings.keep(self.holdings.unsettled, driver, finished)
-            logger.warning(
-                "%s: could not settle %s and claim more (%s); settling them in the next round",
-                driver.describe_queue(),
-                count(len(finished), f"finished {driver.noun}"),
-                first_line(raised),
-            )
-            return [], False
-        if more:
-            self.holdings.add_to_batch(driver, more, at)
-        return more, True
+                logger.warning(
+                    "%s: could not settle %s (%s); settling them in the next round",
+                    driver.describe_queue(),
+                    count(len(finished), f"finished {driver.noun}"),
+                    first_line(raised),
+                )
+            else:
+                logger.warning("%s: could not claim more (%s)", driver.describe_queue(), first_line(raised))
+            return [], raised
 
     def give_back(self, driver: AnyDriver, items: list[Any], quiet: bool = False) -> None:
         """Give ``items`` back; if that fails, keep them to give back in the next round."""

@@ -42,8 +42,10 @@ class _Slot:
     def __init__(self, slots: Slots, number: int) -> None:
         self.slots = slots
         self.work: queue.SimpleQueue[tuple[AnyDriver, Any] | None] = queue.SimpleQueue()
-        # What runs now (under Slots.lock): the driver and item, or None.
+        # What runs now (under Slots.lock): the driver and item, or None; and whether a hard stop
+        # has interrupted it (once: a second StopNow would cut its cleanup short).
         self.running: tuple[AnyDriver, Any] | None = None
+        self.interrupted = False
         self.thread = threading.Thread(target=self._serve, name=f"taskloop-slot-{number}", daemon=True)
         self.thread.start()
 
@@ -67,10 +69,11 @@ class _Slot:
 
 
 class Slots:
-    """``size`` slots, the items they run, and the outcomes not yet handed back."""
+    """The slots of a worker process, the items they run, and the outcomes not yet handed back.
+    A slot is made when an item finds none free: the runner keeps as many items running as the
+    handler's concurrency allows, so there are never more slots than the largest of those."""
 
-    def __init__(self, size: int, board: progress.Board[AnyDriver]) -> None:
-        self.size = size
+    def __init__(self, board: progress.Board[AnyDriver]) -> None:
         self.board = board
         self.lock = threading.Lock()
         self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
@@ -86,15 +89,13 @@ class Slots:
         return len(self._all) - len(self._idle)
 
     def submit(self, driver: AnyDriver, item: Any) -> None:
-        """Start ``item`` in a free slot (the caller keeps at most :attr:`size` running)."""
+        """Start ``item`` in a free slot, made if none is."""
         with self.lock:
             slot = self._idle.pop() if self._idle else None
             if slot is None:
-                if len(self._all) >= self.size:
-                    raise RuntimeError("every slot is busy")
                 slot = _Slot(self, len(self._all) + 1)
                 self._all.append(slot)
-            slot.running = (driver, item)
+            slot.running, slot.interrupted = (driver, item), False
         slot.work.put((driver, item))
 
     def ended(self, slot: _Slot, outcome: Outcome) -> None:
@@ -122,13 +123,15 @@ class Slots:
 
     def interrupt(self) -> None:
         """A hard stop: raise :class:`~django_taskloop.runtime.StopNow` in each slot whose
-        handler runs the user's code now (:func:`~django_taskloop.runtime.interrupt_thread`;
-        one at the edge of the call is looked at again on the next call)."""
+        handler runs the user's code now and was not interrupted yet
+        (:func:`~django_taskloop.runtime.interrupt_thread`; one at the edge of the call is looked
+        at again on the next call). Once only: the handler's cleanup (an ``except``, a
+        cancelled coroutine's) then runs undisturbed."""
         with self.lock:
-            running = [slot.thread.ident for slot in self._all if slot.running is not None]
-        for ident in running:
-            if ident is not None:
-                interrupt_thread(ident)
+            running = [slot for slot in self._all if slot.running is not None and not slot.interrupted]
+        for slot in running:
+            if slot.thread.ident is not None and interrupt_thread(slot.thread.ident):
+                slot.interrupted = True
 
     def abandon(self) -> list[tuple[AnyDriver, Any]]:
         """A hard stop that the handlers outlast: return what the slots still run, whose outcomes

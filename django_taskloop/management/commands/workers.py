@@ -82,8 +82,6 @@ class Command(BaseCommand):
     ) -> None:
         if processes < 1:
             raise CommandError("--processes must be at least 1")
-        if concurrency is not None and concurrency < 1:
-            raise CommandError("--concurrency must be at least 1")
         log = _logger()
         if options["verbosity"] >= 2:
             # -v 2 names every item as it starts and ends, with the traceback of each failure.
