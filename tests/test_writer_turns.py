@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import multiprocessing
 import os
+import re
 
 import pytest
 from django.db import connections, transaction
@@ -125,3 +126,46 @@ def test_a_forked_child_waits_for_its_parents_turn(sqlite_file):
     assert child.exitcode == 0
     assert waited == [True], "the child wrote while the parent held the turn"
     assert sorted(Task.objects.values_list("data", flat=True)) == ["child", "parent", "warm"]
+
+
+@pytest.mark.vendors("sqlite")  # its turn file
+def test_a_worker_s_lease_renewals_take_the_turn(sqlite_file):
+    """A renewal that skips the turn meets SQLite's busy handler instead, and loses the lock
+    to writers that take turns back to back: seen in CI as a live worker that waited 4.5 s to
+    renew 3 s leases, lost finished jobs it had not acknowledged yet, and saw them run again
+    (tests/reliability/test_kills.py, the board's drain). Every renewal a worker's heartbeat
+    or its check before a start sends (a board's jobs, a loop's ids, a tube's tasks) holds
+    the turn while it writes."""
+    from django_taskloop.models import JobBoard, WorkerProcess
+    from tests.testapp.models import WorkerLoop
+
+    board = JobBoard.objects.create_board("b")
+    board.post("job")
+    (job,) = board.claim_many("w", 1, expiry=30)
+    WorkerLoop.objects.add([1])
+    assert WorkerLoop.objects.claim(1, lock_for=30) == [1]
+    tube = Tube.objects.create_tube("t", "fifottl", ttr=30)
+    tube.put("a")
+    (task,) = tube.take_many(1, consumer="w")
+
+    writes: list[tuple[str, bool]] = []
+
+    def watch(execute, sql, params, many, context):
+        written = re.match(r'\s*(?:UPDATE|INSERT INTO|DELETE FROM)\s+"?(\w+)', sql, re.IGNORECASE)
+        if written:
+            writes.append((written[1], _turn_is_free()))
+        return execute(sql, params, many, context)
+
+    with connections["default"].execute_wrapper(watch):
+        assert board.extend_many([job], "w", 30) == 1
+        assert job.extend_expiry(30)
+        assert WorkerLoop.objects.renew([1], lock_for=30) == 1
+        assert tube.touch_many([task.id], 5, consumer="w") == 1
+        # ... and its goodbye at the end (a row of its own, beside the heartbeat's beats).
+        WorkerProcess.objects.beat("w", host="h", pid=1, queues=["tube:t"], holding={})
+        WorkerProcess.objects.gone("w")
+    renewals = [
+        (table, free) for table, free in writes if table.endswith(("job", "workerloop", "task", "process"))
+    ]
+    assert len(renewals) >= 6, writes
+    assert [table for table, free in renewals if free] == [], f"renewals that skipped the turn: {writes}"

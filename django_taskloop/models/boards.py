@@ -584,12 +584,20 @@ class JobBoard(models.Model):
         using = self._alias
         if not uuids:
             return 0
-        return sum(
-            self._jobs()
-            .filter(_live_claim(), trashed=False, uuid__in=chunk, claimed_by=who)
-            .update(claim_expires_at=engine.DbNow(seconds), last_modified=engine.DbNow())
-            for chunk in engine.batched(uuids, using)
-        )
+        chunks = list(engine.batched(uuids, using))
+
+        def work() -> int:
+            return sum(
+                self._jobs()
+                .filter(_live_claim(), trashed=False, uuid__in=chunk, claimed_by=who)
+                .update(claim_expires_at=engine.DbNow(seconds), last_modified=engine.DbNow())
+                for chunk in chunks
+            )
+
+        # Through the engine, as every write of ours: retried when the database is busy, and on
+        # SQLite in the writers' turn (a renewal that met the busy handler instead lost the lock
+        # to writers taking turns back to back, for longer than a lease).
+        return engine.run_in_transaction(Job, using, work, alone=len(chunks) == 1)
 
     def trash(self, job: Any, who: str) -> None:
         """Take ``job``, claimed by ``who``, off the board for good, keeping it for review."""

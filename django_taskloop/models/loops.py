@@ -371,10 +371,17 @@ class TaskLoopQuerySet(models.QuerySet[Any]):
         if not ids:
             return 0
         deadline = engine.DbNow(lock_for)
-        return sum(
-            self.filter(pk__in=chunk, lock_until__isnull=False).update(lock_until=deadline)
-            for chunk in self._batches(ids)
-        )
+        chunks = list(self._batches(ids))
+
+        def work() -> int:
+            return sum(
+                self.filter(pk__in=chunk, lock_until__isnull=False).update(lock_until=deadline)
+                for chunk in chunks
+            )
+
+        # Through the engine: retried when the database is busy, and on SQLite in the writers'
+        # turn (see JobBoard.extend_many).
+        return engine.run_in_transaction(self.model, self.db, work, alone=len(chunks) == 1)
 
     def status(self, id_or_ids: Any) -> dict[Any, tuple[float | None, float | None]]:
         """Return ``{id: (since_updated, locked_for)}`` for the ids that are in the loop.

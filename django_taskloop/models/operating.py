@@ -449,7 +449,8 @@ class WorkerProcessManager(models.Manager["WorkerProcess"]):
 
     def gone(self, identity: str) -> None:
         """Forget worker ``identity`` (it stopped cleanly)."""
-        self.filter(identity=identity).delete()
+        rows = self.filter(identity=identity)
+        engine.run_in_transaction(WorkerProcess, rows.db, lambda: rows.delete(), alone=True)
 
     def alive(self) -> models.QuerySet[WorkerProcess]:
         """Workers that beat within ``WORKER_TIMEOUT`` seconds."""

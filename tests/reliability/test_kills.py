@@ -80,7 +80,9 @@ def drain_while_killing(
     return workers, kills, output if restarts == kills else f"{restarts} restarts for {kills} kills\n{output}"
 
 
-def assert_bounded_reruns(kind: str, keys: set[str], kills: int, held_per_kill: int) -> dict[str, int]:
+def assert_bounded_reruns(
+    kind: str, keys: set[str], kills: int, held_per_kill: int, output: str = ""
+) -> dict[str, int]:
     runs = executions(kind)
     assert set(runs) == keys, "some items never ran, or unknown ones did"
     reruns = sum(runs.values()) - len(keys)
@@ -90,8 +92,27 @@ def assert_bounded_reruns(kind: str, keys: set[str], kills: int, held_per_kill: 
     by_killed = set(WorkLog.objects.filter(kind=kind, key__in=again).values_list("key", "pid"))
     killed_pids = set(_killed)
     # Every key run twice was first run (at least once) by a process that was killed.
-    assert all(any(pid in killed_pids for k, pid in by_killed if k == key) for key in again)
+    unexplained = sorted(
+        key for key in again if not any(pid in killed_pids for k, pid in by_killed if k == key)
+    )
+    assert not unexplained, _runs_of(kind, unexplained[:5], killed_pids) + _warnings(output)
     return {"items": len(keys), "runs": sum(runs.values()), "reruns": reruns, "kills": kills}
+
+
+def _runs_of(kind: str, keys: list[str], killed: set[int]) -> str:
+    """Each run of ``keys`` (pid, when), for a failure's message."""
+    rows = (
+        WorkLog.objects.filter(kind=kind, key__in=keys).order_by("key", "at").values_list("key", "pid", "at")
+    )
+    return f"run more than once, by no killed process (killed: {sorted(killed)}):\n" + "\n".join(
+        f"  {key} pid {pid} at {at:.3f}" for key, pid, at in rows
+    )
+
+
+def _warnings(output: str) -> str:
+    """The workers' warnings and errors, for a failure's message."""
+    lines = [line for line in output.splitlines() if "WARNING" in line or "ERROR" in line]
+    return "\nthe workers' warnings:\n" + "\n".join(lines[-60:])
 
 
 _killed: list[int] = []
@@ -122,7 +143,7 @@ def test_tube_drain_under_kills_acks_each_task_once(vendor, capsys):
     stats = tube.statistics()
     assert stats["tasks"]["done"] == n
     assert stats["calls"]["ack"] == n  # each acknowledged exactly once
-    report = assert_bounded_reruns("r-tube", ids, kills, held_per_kill=50)
+    report = assert_bounded_reruns("r-tube", ids, kills, held_per_kill=50, output=output)
     with capsys.disabled():
         print(f"\n[reliability] tube kill drain ({vendor}): {report}")
 
@@ -141,7 +162,9 @@ def test_loop_drain_under_kills_does_every_id(vendor, capsys):
     assert WorkerLoop.objects.filter(last_updated__isnull=False).count() == n
     # Done ids are unlocked; none is left locked by a dead worker.
     assert not WorkerLoop.objects.filter(lock_until__isnull=False).exists()
-    report = assert_bounded_reruns("r-loop", {str(i) for i in range(n)}, kills, held_per_kill=20)
+    report = assert_bounded_reruns(
+        "r-loop", {str(i) for i in range(n)}, kills, held_per_kill=20, output=output
+    )
     with capsys.disabled():
         print(f"\n[reliability] loop kill drain ({vendor}): {report}")
 
@@ -162,6 +185,6 @@ def test_board_drain_under_kills_consumes_every_job(vendor, capsys):
     from django_taskloop.models import Job
 
     assert not Job.objects.filter(board=board, trashed=True).exists()
-    report = assert_bounded_reruns("r-board", names, kills, held_per_kill=20)
+    report = assert_bounded_reruns("r-board", names, kills, held_per_kill=20, output=output)
     with capsys.disabled():
         print(f"\n[reliability] board kill drain ({vendor}): {report}")
