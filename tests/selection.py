@@ -72,6 +72,7 @@ ONE_DJANGO_LINE: dict[str, str] = {
     "tests/test_loops.py::test_eight_processes_work_one_loop_without_holding_an_id_twice": "a race",
     "tests/test_lockable.py::test_eight_processes_claim_every_row_exactly_once": "a race",
     "tests/test_tubes.py::test_eight_consumers_ack_every_task_once_and_never_share_a_sub_queue": "a race",
+    "tests/test_tube_limits.py::test_six_processes_never_hold_more_than_the_limit": "a race",
     "tests/test_schedules.py::test_racing_processes_claim_each_tick_exactly_once": "a race",
     "tests/test_schedules.py::test_every_tick_runs_once_across_processes_and_hosts": "a race",
     "tests/test_schedules.py::test_a_periodic_run_whose_worker_is_killed_runs_again_and_its_tick_once": "kill -9",

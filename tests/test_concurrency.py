@@ -267,3 +267,20 @@ def test_handlers_with_different_concurrency_share_one_process() -> None:
     finally:
         worker.batches.close()
     assert all(driver.tube.statistics()["tasks"]["total"] == 0 for driver in worker.drivers)
+
+
+def test_a_tube_s_limit_holds_across_processes_and_slots() -> None:
+    """``@tube(limit=5)`` (issue 44 §2): four processes of ten slots each never run more than
+    five of its tasks at once, and keep five running while there is work."""
+    tube = Tube.objects.create_tube("w-limited", "fifottl", ttr=30)
+    ids = [task.id for task in tube.put_many([{"sleep": 0.3}] * 60)]
+    done = run_fast("--burst", "--only", "w-limited", "--processes", "4", "--concurrency", "10")
+    assert done.returncode == 0, done.stderr
+    assert ends("limited") == Counter({str(i): 1 for i in ids}), done.stderr
+    rows = records("limited")
+    assert most_at_once(rows) == 5, rows
+    assert Tube.objects.get(pk=tube.pk).running_limit == 5
+    first, last = min(at for _k, _p, at in rows), max(at for _k, _p, at in rows)
+    print(
+        f"\n60 tasks of 0.3 s, limit 5: {last - first:.2f} s from first start to last end (5 ideal slots: 3.6 s)"
+    )

@@ -28,6 +28,7 @@ from .claim import (
     claim,
     delete_and_claim,
     lock_free,
+    lock_rows,
     update_returning,
 )
 from .compiler import by_keys
@@ -100,6 +101,7 @@ __all__ = [
     "Resume",
     "ack_and_claim",
     "lock_free",
+    "lock_rows",
     "MAX_LIMIT",
     "delete_pks",
     "delete_rows",

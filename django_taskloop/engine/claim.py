@@ -277,6 +277,11 @@ class Claimed:
     def __len__(self) -> int:
         return len(self._rows)
 
+    @classmethod
+    def none(cls) -> Claimed:
+        """No rows claimed."""
+        return cls(())
+
     def instances(self) -> list[Any]:
         if self._objs is None:
             assert self._finish is not None
@@ -300,6 +305,21 @@ def lock_free(queryset: QuerySet[Any], limit: int | None = None) -> list[Any]:
     holds a row is changing it: it applies the change, or the caller does next time."""
     rows = queryset.select_for_update(skip_locked=features(queryset.db).skip_locked)
     return list(rows if limit is None else rows[: min(limit, MAX_LIMIT)])
+
+
+def lock_rows(queryset: QuerySet[Any], *fields: str) -> list[Any]:
+    """Lock the rows of ``queryset`` for the current transaction, waiting for a rival that
+    holds one, and return their ``fields`` (one value per row for one field, else tuples):
+    ``FOR NO KEY UPDATE`` on PostgreSQL (rows that name them by foreign key are written on
+    meanwhile: a put into a tube whose row is locked so does not wait), ``FOR UPDATE`` on
+    MySQL/MariaDB, and under the write lock already taken on SQLite. What serializes the
+    writers that look at a parent row before they change its children."""
+    connection = connections[queryset.db]
+    no_key = bool(connection.features.has_select_for_no_key_update)
+    rows = queryset.select_for_update(no_key=no_key)
+    if len(fields) == 1:
+        return list(rows.values_list(fields[0], flat=True))
+    return list(rows.values_list(*fields))
 
 
 def delete_and_claim(
@@ -435,6 +455,10 @@ class ClaimSpec:
         claimable = self.claimable() if callable(self.claimable) else self.claimable
         changes = self.changes() if callable(self.changes) else self.changes
         return replace(self, claimable=claimable, changes=changes)
+
+    def limited_to(self, limit: int) -> ClaimSpec:
+        """This spec, claiming at most ``limit`` rows (its statement kept apart, by limit)."""
+        return replace(self, limit=limit)
 
     def run(self, *, later: bool = False) -> Any:
         """:func:`claim` of this spec (``fetch=True``)."""

@@ -94,6 +94,10 @@ class Handler:
     #: see :mod:`.slots`); ``None``: ``workers --concurrency`` (else
     #: ``TASKLOOP["CONCURRENCY"]``, 1).
     concurrency: int | None = None
+    #: Tubes: at most this many of its tasks taken at once by every worker together, set on the
+    #: tube (``Tube.set_limit``) when a worker starts; ``None``: no limit (a limit set before
+    #: is lifted). Built-in handlers leave the tube's as it is.
+    limit: int | None = None
     #: Lease taken on each item: the loop's ``lock_for``, the job claim's expiry, the tube's
     #: ttr (which the heartbeat keeps from running out).
     lease: float = 600.0
@@ -306,6 +310,7 @@ def tube(
     pri: int | None = None,
     batch_time: float | None = None,
     concurrency: int | None = None,
+    limit: int | None = None,
 ) -> Callable[[Callable[[Any], Any]], Handler]:
     """Register the decorated function to be called with each task taken from tube ``name``.
 
@@ -315,6 +320,10 @@ def tube(
     ``release(delay=…)`` lets a failed task wait before its retry. While the handler runs, the
     worker touches the task so that its ttr does not run out (ttl types) and beats as the
     task's consumer.
+
+    ``limit``: at most that many of the tube's tasks run at once, by every worker process on
+    every host together (the database counts them: ``Tube.set_limit``). A worker sets it on
+    the tube when it starts; without ``limit`` it lifts one set before.
     """
     name = check_name(name, "name")
     batch = check_count(batch, "batch", minimum=1)
@@ -326,6 +335,7 @@ def tube(
         raise TypeError(f"pri must be an int or None, not {builtins.type(pri).__name__}")
     batch_time = check_seconds(batch_time, "batch_time", allow_none=True, non_negative=True)
     concurrency = _check_concurrency(concurrency)
+    limit = None if limit is None else check_count(limit, "limit", minimum=1)
     create: dict[str, Any] = {"type": type}
     for key, value in (("ttl", ttl), ("ttr", ttr), ("pri", pri)):
         if value is not None:
@@ -341,6 +351,7 @@ def tube(
                 batch=batch,
                 batch_time=batch_time,
                 concurrency=concurrency,
+                limit=limit,
                 lease=ttr or ttl or 60.0,
                 create=create,
             )

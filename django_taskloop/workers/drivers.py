@@ -313,6 +313,9 @@ class TubeDriver(Driver["Task"]):
     def prepare(self) -> None:
         # A tube made elsewhere with other options is served as it is, with a warning.
         self.tube = open_tube(self.handler.target, self.handler.create, using=self.handler.database)
+        if not self.handler.builtin and self.tube.running_limit != self.handler.limit:
+            # The handler's declaration is the tube's limit (none declared: none).
+            self.tube.set_limit(self.handler.limit)
 
     def _ttl_type(self) -> bool:
         return str(self.tube.type).endswith("ttl")

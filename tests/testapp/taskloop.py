@@ -194,6 +194,14 @@ def many(task: Any) -> None:
     log("many", task.id)
 
 
+@tube("w-limited", ttr=30, limit=5)
+def limited(task: Any) -> None:
+    """At most 5 of these at once, however many workers and slots."""
+    log("limited", task.id, "start")
+    time.sleep(task.data.get("sleep", 0.3))
+    log("limited", task.id)
+
+
 @tube("w-many-async", ttr=30)
 async def many_async(task: Any) -> None:
     await _alog("many-async", task.id, "start")

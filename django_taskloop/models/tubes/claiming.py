@@ -47,6 +47,7 @@ from ...validation import (
     check_timeout,
 )
 from .. import operating
+from . import limits
 from .core import TubeCore, _callbacks
 from .definitions import (
     BURIED,
@@ -417,6 +418,9 @@ class TubeClaiming(TubeCore):
             self._tidy_for_take(due_every)
         spec = self._claim_spec(limit, consumer, cursor).prepared()
         watched = (self.using, self.pk) in _callbacks
+        if self.running_limit is not None:
+            # At most running_limit taken at once: counted under the tube row's lock.
+            return self._claim_with_retries(spec, consumer, ack, watched)
         if ack and not watched:
             # PostgreSQL: the acknowledgement, the claim and the counters as one statement.
             together = self._ack_and_claim_at_once(spec, ack, consumer)
@@ -483,11 +487,13 @@ class TubeClaiming(TubeCore):
         self, spec: engine.ClaimSpec, consumer: str, ack: list[int] | None, watched: bool
     ) -> Any:
         """Acknowledge ``ack`` (if any) and claim ``spec`` in one transaction, looking again
-        when utube's unique ``taken_key`` refuses a claim."""
+        when utube's unique ``taken_key`` refuses a claim; a limited tube's claim takes at most
+        what its running limit leaves (:mod:`.limits`)."""
 
         def work() -> tuple[int, engine.Claimed]:
             acked = self._ack_rows(ack, consumer) if ack else 0
-            claimed = spec.run(later=True)
+            limited = self.running_limit is not None
+            claimed = limits.claim_within(self, spec) if limited else spec.run(later=True)
             self._count(take=len(claimed), ack=acked, done=acked)
             if watched:
                 for task in claimed.instances():
@@ -566,6 +572,7 @@ class TubeClaiming(TubeCore):
                 task = self._owned(task_id, consumer)
                 engine.delete_rows(self._tasks().filter(pk=task.pk))
             self._count(ack=1, done=1)
+            limits.freed(self, 1)
             task.state, task.owner, task.taken_key = DONE, None, None
             self._emit(task, "delete")
             return task
@@ -611,12 +618,10 @@ class TubeClaiming(TubeCore):
         """Delete the tasks of ``ids`` that ``consumer`` holds (in the current transaction)."""
         if (self.using, self.pk) not in _callbacks:
             # The hot path of a worker's batches: one DELETE whose filter is compiled once.
-            return engine.delete_pks(
-                self._tasks(),
-                ids,
-                where=lambda: self._held(consumer),
-                key=self._kept_key("held", consumer),
+            acked: int = engine.delete_pks(
+                self._tasks(), ids, where=lambda: self._held(consumer), key=self._kept_key("held", consumer)
             )
+            return limits.freed(self, acked)
         held = self._held(consumer)
         total = 0
         for chunk in engine.batched(ids, self.using):
@@ -625,7 +630,7 @@ class TubeClaiming(TubeCore):
             for task in tasks:
                 task.state, task.owner, task.taken_key = DONE, None, None
                 self._emit(task, "delete")
-        return total
+        return limits.freed(self, total)
 
     def release(self, task_id: int, delay: float | None = None, consumer: str | None = None) -> Task:
         """Give back the task ``consumer`` holds: ready again, or delayed by ``delay`` seconds."""
@@ -647,6 +652,8 @@ class TubeClaiming(TubeCore):
             task.refresh_from_db(using=self.using)
             if task.state == READY:
                 self._wake()
+            else:
+                limits.freed(self, 1)  # (delayed: a slot of the tube's limit is free)
             self._emit(task, "release")
             return task
 
@@ -764,9 +771,11 @@ class TubeClaiming(TubeCore):
                 return task
             self._tasks().filter(pk=task.pk).update(state=BURIED, owner=None, taken_key=None, event_at=None)
             self._count(bury=1)
-            task.state, task.owner, task.taken_key, task.event_at = BURIED, None, None, None
             if self._is_utube:
                 self._wake()  # its sub-queue may be free now
+            elif task.state == TAKEN:
+                limits.freed(self, 1)
+            task.state, task.owner, task.taken_key, task.event_at = BURIED, None, None, None
             self._emit(task, "bury")
             return task
 

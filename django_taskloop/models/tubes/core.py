@@ -57,6 +57,12 @@ class TubeCore(models.Model):
     ttr = models.FloatField(null=True, blank=True, help_text="Default time to run of a taken task (seconds).")
     pri = models.IntegerField(null=True, blank=True, help_text="Default priority (lower first).")
     created = models.DateTimeField(auto_now_add=True)
+    running_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="At most this many of its tasks taken at once, by every consumer together "
+        "(empty: no limit). See Tube.set_limit.",
+    )
 
     class Meta:
         abstract = True

@@ -315,6 +315,21 @@ class TubeOperating(TubeCore):
         """Whether the tube is paused (read from the database)."""
         return queues.is_paused("task", self.name, self.using)
 
+    def set_limit(self, limit: int | None) -> None:
+        """Let at most ``limit`` of this tube's tasks be taken at once, by every consumer on
+        every host together (``None``: no limit). The database holds it: each take of a
+        limited tube locks the tube's row, counts the tasks taken and still held (a ttr run
+        out, or a consumer found dead, gives its slot back) and takes at most what is left.
+        Tasks taken already stay taken; a lower limit lets new takes wait until enough are
+        finished. Consumers see the limit from their next take on (a worker that had this tube
+        unlimited when it started: from its next start; ``@tube(limit=…)`` sets it at each)."""
+        if limit is not None:
+            limit = check_count(limit, "limit", minimum=1)
+        rows = type(self)._default_manager.using(self.using).filter(pk=self.pk)
+        if not self._run(lambda: rows.update(running_limit=limit)):
+            raise self._gone()
+        self.running_limit = limit
+
     def delete_task(self, task_id: int) -> Task:
         """Remove the task (any state, no ownership needed); return it with state ``"-"``."""
         task_id = check_task_id(task_id)

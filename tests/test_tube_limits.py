@@ -1,0 +1,144 @@
+"""A tube's running limit (``Tube.set_limit``, ``@tube(limit=…)``): at most N of its tasks taken
+at once, by every consumer together, held by the database (issue 44 §2)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.db import connections
+
+from django_taskloop.exceptions import NotFound
+from django_taskloop.models import Task, Tube
+from tests.conftest import race
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _taken(tube: Tube) -> int:
+    return Task.objects.filter(tube=tube, state="t").count()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "fifottl", "utube", "utubettl"])
+def test_a_limited_tube_hands_out_at_most_its_limit(kind):
+    tube = Tube.objects.create_tube("t", kind, ttr=60 if kind.endswith("ttl") else None)
+    # (utube: each task in a sub-queue of its own, so that the limit is what holds them back)
+    ids = [tube.put(i, utube=str(i) if kind.startswith("utube") else None).id for i in range(10)]
+    tube.set_limit(3)
+    assert Tube.objects.get(pk=tube.pk).running_limit == 3
+    first = tube.take_many(10, consumer="a")
+    assert len(first) == 3
+    assert tube.take_many(10, consumer="b") == []
+    assert tube.take(0, consumer="b") is None
+    # Each task finished (acknowledged, released) lets one more be taken.
+    tube.ack(first[0].id, consumer="a")
+    tube.release(first[1].id, consumer="a")
+    assert len(tube.take_many(10, consumer="b")) == 2
+    assert _taken(tube) == 3
+    # A lower limit takes nothing back; new takes wait until enough are finished.
+    tube.set_limit(1)
+    assert tube.take_many(10, consumer="c") == []
+    assert _taken(tube) == 3
+    # No limit: the rest is handed out.
+    tube.set_limit(None)
+    assert len(tube.take_many(10, consumer="c")) == 10 - 1 - 3
+    assert sorted(t.id for t in Task.objects.filter(tube=tube)) == sorted(ids[1:])
+
+
+def test_ack_and_take_frees_its_slots_before_it_counts():
+    tube = Tube.objects.create_tube("t", "fifottl", ttr=60)
+    for i in range(6):
+        tube.put(i)
+    tube.set_limit(2)
+    held = tube.take_many(5, consumer="w")
+    assert len(held) == 2
+    acked, more = tube.ack_and_take([task.id for task in held], 5, consumer="w")
+    assert (acked, len(more)) == (2, 2)
+    assert _taken(tube) == 2
+
+
+def test_a_ttr_that_ran_out_gives_its_slot_back(clock):
+    tube = Tube.objects.create_tube("t", "fifottl", ttr=5)
+    for i in range(3):
+        tube.put(i)
+    tube.set_limit(1)
+    (first,) = tube.take_many(3, consumer="dead")
+    assert tube.take_many(3, consumer="w") == []
+    clock.advance(6)
+    # The dead consumer's task is free again, and its slot with it: one task, not two.
+    again = tube.take_many(3, consumer="w")
+    assert len(again) == 1
+    assert _taken(tube) == 1
+
+
+def test_another_process_s_limit_holds_from_the_next_take():
+    """The database holds the limit: a consumer whose tube object knew none sees one set
+    elsewhere at its next take."""
+    tube = Tube.objects.create_tube("t", "fifo")
+    for i in range(5):
+        tube.put(i)
+    mine = Tube.objects.get(pk=tube.pk)
+    mine.set_limit(2)
+    tube.running_limit = 1  # what another process last read: the take looks again
+    assert len(tube.take_many(5, consumer="w")) == 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "3"])
+def test_a_bad_limit_is_refused_and_changes_nothing(bad):
+    tube = Tube.objects.create_tube("t", "fifo")
+    tube.set_limit(4)
+    with pytest.raises((TypeError, ValueError), match="limit"):
+        tube.set_limit(bad)
+    assert Tube.objects.get(pk=tube.pk).running_limit == 4
+    assert tube.running_limit == 4
+
+
+def test_a_dropped_tube_s_limit_cannot_be_set():
+    tube = Tube.objects.create_tube("t", "fifo")
+    Tube.objects.get(pk=tube.pk).drop()
+    with pytest.raises(NotFound):
+        tube.set_limit(2)
+
+
+def _hold_and_ack(tube_id: int, worker: int) -> list[tuple[float, float]]:
+    """Take one task at a time until the tube stays empty, hold it 20 ms, acknowledge it;
+    return each hold (taken, acknowledging), by the monotonic clock (one machine)."""
+    tube = Tube.objects.get(pk=tube_id)
+    holds = []
+    empty = 0
+    while empty < 20:
+        tasks = tube.take_many(2, consumer=f"w{worker}")
+        if not tasks:
+            empty += 1
+            time.sleep(0.01)
+            continue
+        empty = 0
+        took = time.monotonic()
+        time.sleep(0.02)
+        acking = time.monotonic()
+        tube.ack_many([task.id for task in tasks], consumer=f"w{worker}")
+        holds.extend((took, acking) for _ in tasks)
+    connections.close_all()
+    return holds
+
+
+@pytest.mark.slow
+def test_six_processes_never_hold_more_than_the_limit(vendor):
+    tube = Tube.objects.create_tube("t", "fifottl", ttr=60)
+    Task.objects.bulk_create([Task(tube=tube, data=i, state="r", pri=0, ttr=60.0) for i in range(300)])
+    tube.set_limit(3)
+    results = race(_hold_and_ack, [(tube.pk, w) for w in range(6)])
+    holds = [hold for result in results for hold in result]
+    assert len(holds) == 300 and not Task.objects.filter(tube=tube).exists()
+    assert sum(1 for result in results if result) >= 3, "the processes did not share the work"
+    # At any moment, at most 3 held: count the holds open at each take (a hold is counted
+    # from just after its take returned to just before its acknowledgement was sent, so this
+    # under-counts nothing the database allowed).
+    events = sorted([(took, 1) for took, _ in holds] + [(acking, -1) for _, acking in holds])
+    running = most = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    print(f"\n[{vendor}] most held at once: {most} (limit 3)")
+    assert most <= 3
+    assert most == 3, "the limit was never reached: the test shows nothing"
