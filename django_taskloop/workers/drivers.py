@@ -139,6 +139,12 @@ class Driver(Generic[Item]):
         return False
 
     @property
+    def limited(self) -> bool:
+        """Whether the queue has a running limit (a tube's ``set_limit``): finishing an item
+        frees a slot that any worker may take next."""
+        return False
+
+    @property
     def using(self) -> str:
         """The database alias the queue lives on."""
         return "default"
@@ -316,6 +322,10 @@ class TubeDriver(Driver["Task"]):
         if not self.handler.builtin and self.tube.running_limit != self.handler.limit:
             # The handler's declaration is the tube's limit (none declared: none).
             self.tube.set_limit(self.handler.limit)
+
+    @property
+    def limited(self) -> bool:
+        return self._tube is not None and self._tube.running_limit is not None
 
     def _ttl_type(self) -> bool:
         return str(self.tube.type).endswith("ttl")

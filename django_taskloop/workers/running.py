@@ -253,7 +253,7 @@ class BatchRunner:
         slots = self.slots
         sure_until, monotonic = self.holdings.sure_until, time.monotonic
         poll_min, poll_max = float(setting("POLL_MIN")), float(setting("POLL_MAX"))
-        running, topping = 0, True
+        running, topping, limited = 0, True, driver.limited
         last_top_up = next_top_up = monotonic()
         wait = poll_min
         top_up_until = last_top_up + poll_max if self.serving_several else float("inf")
@@ -289,6 +289,10 @@ class BatchRunner:
             for outcome in slots.wait(timeout):
                 running -= 1
                 self._ended_in_slot(batch, outcome)
+                if limited:
+                    # Its acknowledgement frees a slot of the queue's limit, which the top-up
+                    # that sends it can take at once: no backoff.
+                    next_top_up, wait = monotonic(), poll_min
             if self.stop.aborting and running:
                 self._stop_slots(batch)
                 return

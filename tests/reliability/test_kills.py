@@ -39,11 +39,14 @@ def tube_size(vendor: str) -> int:
 
 
 def drain_while_killing(
-    name: str, finished: callable, timeout: float = float(os.environ.get("TASKLOOP_RELIAB_TIMEOUT", 240))
+    name: str,
+    finished: callable,
+    timeout: float = float(os.environ.get("TASKLOOP_RELIAB_TIMEOUT", 240)),
+    extra: tuple[str, ...] = (),
 ) -> tuple[Workers, int, str]:
-    """Run 4 workers on handler ``name``, kill one every 0.5 s until ``finished()`` or
-    ``KILLS`` kills; wait for ``finished()``; stop them."""
-    workers = Workers.start("--only", name, "--processes", "4")
+    """Run 4 workers on handler ``name`` (with ``extra`` options), kill one every 0.5 s until
+    ``finished()`` or ``KILLS`` kills; wait for ``finished()``; stop them."""
+    workers = Workers.start("--only", name, "--processes", "4", *extra)
     kills = 0
     try:
         wait_until(lambda: len(workers.children()) == 4, 60, what="4 worker processes")
@@ -188,3 +191,44 @@ def test_board_drain_under_kills_consumes_every_job(vendor, capsys):
     report = assert_bounded_reruns("r-board", names, kills, held_per_kill=20, output=output)
     with capsys.disabled():
         print(f"\n[reliability] board kill drain ({vendor}): {report}")
+
+
+def test_a_tube_s_limit_holds_under_kills(vendor, capsys):
+    """``@tube(limit=5)`` with 4 processes of 3 slots each (issue 44 §2): while workers are
+    killed, never more than 5 of its tasks run at once, every task is done, and a killed
+    worker's slots come back with its tasks' ttr."""
+    # Enough tasks to outlast the kills: five slots of 0.02 s tasks, each slot refilled
+    # within a poll (0.1 s) of its last task's end.
+    n = 1_000
+    tube = Tube.objects.create_tube("r-limited", "fifottl", ttr=3)
+    made = Task.objects.bulk_create(
+        [Task(tube=tube, data={"n": i}, state="r", pri=0, ttr=3.0) for i in range(n)], batch_size=2000
+    )
+    ids = {str(task.id) for task in made}
+    workers, kills, output = drain_while_killing(
+        "r-limited", lambda: tube.statistics()["tasks"]["total"] == 0, extra=("--concurrency", "3")
+    )
+    _killed.extend(workers.killed)
+    assert kills >= 4, f"the drain ended before the kills had any chance ({kills} kills)"
+    assert "restarts for" not in output, output
+    assert tube.statistics()["tasks"]["done"] == n
+    report = assert_bounded_reruns("r-limited", ids, kills, held_per_kill=30, output=output)
+    rows = list(
+        WorkLog.objects.filter(kind__in=["r-limited", "r-limited-start"]).values_list(
+            "key", "phase", "at", "pid"
+        )
+    )
+    ends = {(key, pid): at for key, phase, at, pid in rows if phase == "end"}
+    events = []
+    for key, phase, at, pid in rows:
+        if phase == "start":
+            # A run cut short by a kill (it never logged its end) ran no longer than its
+            # handler's 0.02 s sleep: counted as running that long.
+            events += [(at, 1), (ends.get((key, pid), at + 0.02), -1)]
+    running = most = 0
+    for _at, step in sorted(events):
+        running += step
+        most = max(most, running)
+    with capsys.disabled():
+        print(f"\n[reliability] limited tube kill drain ({vendor}): {report}, most running at once {most}")
+    assert most <= 5

@@ -25,6 +25,16 @@ def tube_task(task: Any) -> None:
     _log("r-tube", task.id)
 
 
+@tube("r-limited", batch=10, type="fifottl", ttr=LEASE, limit=5)
+def limited_task(task: Any) -> None:
+    # At most 5 at once over every worker (tests/reliability/test_kills.py): a start and an end.
+    WorkLog.objects.create(
+        kind="r-limited-start", key=str(task.id), phase="start", pid=os.getpid(), at=time.time()
+    )
+    time.sleep(0.02)
+    _log("r-limited", task.id)
+
+
 @board("r-board", batch=20, expiry=LEASE)
 def board_job(job: Any) -> None:
     _log("r-board", job.name)
