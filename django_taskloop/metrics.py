@@ -25,6 +25,7 @@ from .conf import setting
 from .health import database_cleanup
 from .models.operating import throughput_totals
 from .stats import (
+    QueueSummary,
     merge_django_tasks,
     queue_databases,
     queue_summaries,
@@ -58,30 +59,23 @@ def queue_gauges(down: dict[str, str] | None = None) -> Iterable[tuple[str, str,
     Read from :func:`django_taskloop.stats.queue_summaries` (exact counts), the one
     definition of every state that the admin shows too.
     """
-    for summary in merge_django_tasks(queue_summaries(down=down)):
-        if summary.down is not None:
-            continue  # nothing known of it: no series rather than false zeros
+    for summary in _readable(down):
         counts = {STATE_LABELS.get((summary.kind, state), state): n for state, n in summary.counts.items()}
         # A tube's shard other than the router's database: "emails@queue2".
         yield summary.kind, shards.shown(summary.name, summary.using), counts, summary.oldest_ready or 0.0
 
 
+def _readable(down: dict[str, str] | None) -> list[QueueSummary]:
+    """Every queue's summary that could be read: a queue that is down has no series rather
+    than false zeros."""
+    return [s for s in merge_django_tasks(queue_summaries(down=down)) if s.down is None]
+
+
 def render_metrics() -> str:
     """Return the Prometheus text exposition of every queue."""
-    lines = [
-        "# HELP taskloop_items Items in each queue by state.",
-        "# TYPE taskloop_items gauge",
-    ]
-    ages = []
     down: dict[str, str] = {}
-    for kind, queue, counts, age in queue_gauges(down):
-        for state, n in counts.items():
-            lines.append(_line("taskloop_items", {"queue": queue, "kind": kind, "state": state}, n))
-        ages.append(_line("taskloop_oldest_ready_seconds", {"queue": queue, "kind": kind}, round(age, 3)))
+    lines = _queue_lines(down)
     lines += [
-        "# HELP taskloop_oldest_ready_seconds How long the next item to run has waited (0: none ready).",
-        "# TYPE taskloop_oldest_ready_seconds gauge",
-        *ages,
         "# HELP taskloop_shard_up Whether each database that holds queues could be read (0: down).",
         "# TYPE taskloop_shard_up gauge",
         *(
@@ -109,6 +103,31 @@ def render_metrics() -> str:
     for (kind, queue), n in sorted(serving.items()):
         lines.append(_line("taskloop_workers", {"queue": queue, "kind": kind}, n))
     return "\n".join([*lines, *_cleanup_lines()]) + "\n"
+
+
+def _queue_lines(down: dict[str, str]) -> list[str]:
+    """Each readable queue's items by state, its oldest ready item's age and its running limit
+    (``down``: filled with the databases that could not be read)."""
+    items = ["# HELP taskloop_items Items in each queue by state.", "# TYPE taskloop_items gauge"]
+    ages = [
+        "# HELP taskloop_oldest_ready_seconds How long the next item to run has waited (0: none ready).",
+        "# TYPE taskloop_oldest_ready_seconds gauge",
+    ]
+    limits = [
+        "# HELP taskloop_running_limit At most this many of a queue's items run at once, every "
+        "worker together (queues with a running limit only; taskloop_items' taken: how many run).",
+        "# TYPE taskloop_running_limit gauge",
+    ]
+    for summary in _readable(down):
+        kind, queue = summary.kind, shards.shown(summary.name, summary.using)
+        for state, n in summary.counts.items():
+            state = STATE_LABELS.get((kind, state), state)
+            items.append(_line("taskloop_items", {"queue": queue, "kind": kind, "state": state}, n))
+        age = round(summary.oldest_ready or 0.0, 3)
+        ages.append(_line("taskloop_oldest_ready_seconds", {"queue": queue, "kind": kind}, age))
+        if summary.limit is not None:
+            limits.append(_line("taskloop_running_limit", {"queue": queue, "kind": kind}, summary.limit))
+    return [*items, *ages, *limits]
 
 
 def _cleanup_lines() -> list[str]:

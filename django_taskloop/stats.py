@@ -138,6 +138,9 @@ class QueueSummary:
     longest_lock_left: float | None = None
     #: A Django Tasks queue (kind :data:`DJANGO_TASK`): the tubes it is made of.
     tubes: tuple[Tube, ...] = ()
+    #: A tube's running limit (``Tube.set_limit``): at most this many taken at once by every
+    #: worker together; ``None``: no limit.
+    limit: int | None = None
     #: Why the queue's database could not be read (``OperationalError: …``), or ``None``. A
     #: queue that is down reads as empty, its ``source`` an unsaved namesake and ``now`` the
     #: web server's clock: nothing of it is known but its name and where it lives.
@@ -218,6 +221,7 @@ def tube_summary(
         paused=tube.paused,
         now=now,
         failures_last_hour=failures,
+        limit=tube.running_limit,
     )
 
 

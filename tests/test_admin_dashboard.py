@@ -170,3 +170,12 @@ def test_the_table_of_queues_says_rate_failed_attempts_and_what_failed_for_good(
     # The old address of the dashboard leads there.
     old = client.get("/admin/django_taskloop/jobboard/dashboard/")
     assert old.status_code == 302 and old["Location"] == reverse(URL)
+
+
+def test_a_limited_tube_shows_what_runs_against_its_limit(client, queues):
+    tube = Tube.objects.get(name="emails")
+    tube.set_limit(2)
+    tube.take_many(5, consumer="w")
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    table = client.get(reverse(URL)).content.decode().split('<table class="tl-queues">', 1)[1]
+    assert '<span class="tl-state tl-taken">taken 2/2</span>' in table.split("</table>", 1)[0]

@@ -181,6 +181,15 @@ def test_readme_examples_run_as_written_in_a_fresh_project(tmp_path):
         # The webhooks the README put, up to 20 at a time (the handler's concurrency=20).
         done = manage("workers", "--burst", "--only", "webhooks")
         assert re.search(r"summary webhooks: 40 done, 0 failed", done), done
+        # The charges, at most 5 at a time however many slots (the handler's limit=5).
+        done = manage("workers", "--burst", "--only", "charges", "--concurrency", "10")
+        assert re.search(r"summary charges: 12 done, 0 failed", done), done
+        limit = manage(
+            "shell",
+            "-c",
+            "from django_taskloop.models import Tube; print(Tube.objects.get(name='charges').running_limit)",
+        )
+        assert limit.strip().endswith("5"), limit
     finally:
         connections.close_all()
         drop()

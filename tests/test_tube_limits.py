@@ -142,3 +142,28 @@ def test_six_processes_never_hold_more_than_the_limit(vendor):
     print(f"\n[{vendor}] most held at once: {most} (limit 3)")
     assert most <= 3
     assert most == 3, "the limit was never reached: the test shows nothing"
+
+
+def test_status_json_and_metrics_show_the_limit_beside_what_runs():
+    from django_taskloop.management.terminal.status import _as_json, status_lines, summaries
+    from django_taskloop.metrics import render_metrics
+
+    limited = Tube.objects.create_tube("mail", "fifottl", ttr=60)
+    Tube.objects.create_tube("free", "fifo").put(1)
+    for i in range(4):
+        limited.put(i)
+    limited.set_limit(3)
+    limited.take_many(2, consumer="w")
+    found = summaries()
+    lines = status_lines(found, {})
+    (mail,) = [line for line in lines if line.startswith("mail ")]
+    (free,) = [line for line in lines if line.startswith("free ")]
+    assert " 2/3 " in mail, lines
+    assert "/" not in free.split()[2], lines  # no limit, no slash
+    by_name = {s.name: s for s in found}
+    assert _as_json(by_name["mail"], 0)["limit"] == 3
+    assert _as_json(by_name["free"], 0)["limit"] is None
+    text = render_metrics()
+    assert 'taskloop_running_limit{queue="mail",kind="task"} 3' in text
+    assert 'taskloop_running_limit{queue="free"' not in text
+    assert 'taskloop_items{queue="mail",kind="task",state="taken"} 2' in text

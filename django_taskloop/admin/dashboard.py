@@ -284,7 +284,11 @@ def _queue_row(summary: QueueSummary, card: dict[str, Any], processed: Any) -> d
         }
     labels = _state_labels(summary.kind)
     chips = [
-        (str(labels[state]) if labels else state, count_text(count, exact), state_css(summary.kind, state))
+        (
+            str(labels[state]) if labels else state,
+            _chip_count(summary, state, count, exact),
+            state_css(summary.kind, state),
+        )
         for state, (count, exact) in summary.depth().items()
         if count
     ]
@@ -303,6 +307,12 @@ def _queue_row(summary: QueueSummary, card: dict[str, Any], processed: Any) -> d
         "for_good_url": f"{results}&status__exact=FAILED" if results else None,
         "empty": summary.empty,
     }
+
+
+def _chip_count(summary: QueueSummary, state: str, count: int, exact: bool) -> str:
+    """A state's count on its chip; a limited tube's taken tasks against its limit ("5/5")."""
+    text = count_text(count, exact)
+    return f"{text}/{summary.limit}" if state == "taken" and summary.limit is not None else text
 
 
 def _every_database(since: float, bucket: int, down: dict[str, str]) -> list[tuple[Any, int, int, int]]:

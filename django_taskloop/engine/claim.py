@@ -307,19 +307,37 @@ def lock_free(queryset: QuerySet[Any], limit: int | None = None) -> list[Any]:
     return list(rows if limit is None else rows[: min(limit, MAX_LIMIT)])
 
 
-def lock_rows(queryset: QuerySet[Any], *fields: str) -> list[Any]:
-    """Lock the rows of ``queryset`` for the current transaction, waiting for a rival that
-    holds one, and return their ``fields`` (one value per row for one field, else tuples):
-    ``FOR NO KEY UPDATE`` on PostgreSQL (rows that name them by foreign key are written on
-    meanwhile: a put into a tube whose row is locked so does not wait), ``FOR UPDATE`` on
-    MySQL/MariaDB, and under the write lock already taken on SQLite. What serializes the
-    writers that look at a parent row before they change its children."""
-    connection = connections[queryset.db]
-    no_key = bool(connection.features.has_select_for_no_key_update)
-    rows = queryset.select_for_update(no_key=no_key)
-    if len(fields) == 1:
-        return list(rows.values_list(fields[0], flat=True))
-    return list(rows.values_list(*fields))
+def lock_rows(
+    rows: Callable[[], QuerySet[Any]], fields: Sequence[str], using: str, key: Hashable
+) -> list[tuple[Any, ...]]:
+    """Lock the rows of the queryset ``rows()`` builds for the current transaction, waiting for
+    a rival that holds one, and return their ``fields`` (raw values: for plain columns such as
+    numbers): ``FOR NO KEY UPDATE`` on PostgreSQL (rows that name them by foreign key are
+    written on meanwhile: a put into a tube whose row is locked so does not wait), ``FOR
+    UPDATE`` on MySQL/MariaDB, and under the write lock already taken on SQLite. What
+    serializes the writers that look at a parent row before they change its children. The
+    statement is compiled once, kept under ``key`` (all it depends on, its parameters too):
+    ``rows`` is called only then."""
+    connection = connections[using]
+
+    def build() -> tuple[str, tuple[Any, ...]]:
+        no_key = bool(connection.features.has_select_for_no_key_update)
+        return compiler.compile_select(rows().select_for_update(no_key=no_key).values_list(*fields))
+
+    sql, params = kept.keep(("lock rows", key, using), build)
+    return [tuple(row) for row in compiler.send(connection, sql, params)]
+
+
+def count_rows(rows: Callable[[], QuerySet[Any]], using: str, key: Hashable) -> int:
+    """How many rows the queryset ``rows()`` builds has now: one ``SELECT COUNT(*)``, compiled
+    once and kept under ``key`` (all it depends on, its parameters too)."""
+
+    def build() -> tuple[str, tuple[Any, ...]]:
+        inner, params = compiler.compile_select(rows().order_by().values_list("pk"))
+        return f"SELECT COUNT(*) FROM ({inner}) counted", params
+
+    sql, params = kept.keep(("count rows", key, using), build)
+    return int(compiler.send(connections[using], sql, params, "one")[0])
 
 
 def delete_and_claim(

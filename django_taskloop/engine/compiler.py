@@ -351,6 +351,12 @@ def compile_where(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]] | None
     return where, tuple(params)
 
 
+def compile_select(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]]:
+    """``queryset``'s ``SELECT`` and its parameters, as Django would send it."""
+    sql, params = queryset.query.get_compiler(queryset.db).as_sql()
+    return sql, tuple(params)
+
+
 def by_keys(queryset: QuerySet[Any], pks: Sequence[Any]) -> QuerySet[Any]:
     """The rows of ``queryset`` whose primary key is in ``pks``, found by those keys alone:
     ``queryset``'s filter is checked on the rows they find, as ``(…) IS TRUE``, which no index

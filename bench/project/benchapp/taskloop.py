@@ -52,6 +52,13 @@ async def await_(task: Any) -> None:
     await asyncio.sleep(task.data[1])
 
 
+# At most 5 at once over every process (bench/limit_bench.py): ``data`` is ``[n, seconds]``.
+@tube("bench-limited", batch=100, limit=5)
+def limited(task: Any) -> None:
+    record(task.data[0])
+    time.sleep(task.data[1])
+
+
 @board("bench-board", batch=100)
 def noop_job(job: Any) -> None:
     """Run nothing; the record is the whole job."""

@@ -66,7 +66,9 @@ def summaries(
 
 def _count(summary: QueueSummary, state: str) -> str:
     n = summary.counts.get(state, 0)
-    return f"{n}+" if state in summary.capped else str(n)
+    shown = f"{n}+" if state in summary.capped else str(n)
+    # A limited tube's taken tasks against its limit: "5/5", every slot in use.
+    return f"{shown}/{summary.limit}" if state == "taken" and summary.limit is not None else shown
 
 
 def _row(summary: QueueSummary, states: tuple[str, ...], workers: int) -> list[str]:
@@ -165,6 +167,7 @@ def _as_json(summary: QueueSummary, workers: int) -> dict[str, Any]:
         "capped": sorted(summary.capped),
         "oldest_ready_seconds": summary.oldest_ready,
         "paused": summary.paused,
+        "limit": summary.limit,
         "failures_last_hour": summary.failures_last_hour,
         "workers": workers,
         "tubes": [tube.name for tube in summary.tubes],

@@ -9,9 +9,9 @@ before, with no lock and no count.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from ... import engine
 from .definitions import TAKEN
@@ -37,18 +37,33 @@ def room(tube: TubeCore, wanted: int) -> int:
     still held are counted. A task whose ttr ran out counts no more (its slot is free at once,
     before a transition makes it ready again); a consumer found dead frees its slots when its
     tasks are put back."""
-    rows = type(tube)._default_manager.using(tube.using).filter(pk=tube.pk)
-    found = engine.lock_rows(rows, "running_limit")
+    using, pk = tube.using, tube.pk
+    found = engine.lock_rows(
+        lambda: type(tube)._default_manager.using(using).filter(pk=pk),
+        ["running_limit"],
+        using,
+        key=("tube limit", pk),
+    )
     if not found:
         raise tube._gone()
-    (limit,) = found
+    ((limit,),) = found
     tube.running_limit = limit
     if limit is None:
         return wanted
+    return max(
+        0,
+        min(
+            wanted, int(limit) - engine.count_rows(lambda: _taken(tube), using, ("tube taken", pk, tube.type))
+        ),
+    )
+
+
+def _taken(tube: TubeCore) -> QuerySet[Any]:
+    """``tube``'s tasks taken and still held (a ttr that ran out frees its slot)."""
     taken = tube._tasks().filter(state=TAKEN)
     if tube._has_ttl:
         taken = taken.filter(Q(event_at__isnull=True) | Q(event_at__gt=engine.DbNow()))
-    return max(0, min(wanted, int(limit) - taken.count()))
+    return taken
 
 
 def freed(tube: TubeCore, count: int) -> int:
