@@ -148,6 +148,8 @@ def test_every_python_example_of_the_operating_page_runs(tmp_path):
         "pause",
         "schedules",
         "concurrency",
+        "limits",
+        "set_limit",
         "urls",
         "sqlite",
         "shards",
@@ -188,3 +190,7 @@ def test_every_python_example_of_the_operating_page_runs(tmp_path):
 
     assert registry.pop("webhooks").concurrency == 20
     assert ran["concurrency"]["deliver"].concurrency == 20
+    # ... and the one with a running limit, with it.
+    assert registry.pop("charges").limit == 5
+    assert ran["limits"]["charge"].limit == 5
+    assert Tube.objects.get(name="reports").running_limit is None
