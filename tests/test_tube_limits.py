@@ -167,3 +167,19 @@ def test_status_json_and_metrics_show_the_limit_beside_what_runs():
     assert 'taskloop_running_limit{queue="mail",kind="task"} 3' in text
     assert 'taskloop_running_limit{queue="free"' not in text
     assert 'taskloop_items{queue="mail",kind="task",state="taken"} 2' in text
+
+
+def test_create_tube_and_a_handler_s_first_put_make_the_tube_limited():
+    made = Tube.objects.create_tube("made", "fifo", limit=3)
+    assert Tube.objects.get(pk=made.pk).running_limit == 3
+    # An existing tube keeps its own (a worker's start sets its handler's).
+    again = Tube.objects.create_tube("made", "fifo", if_not_exists=True, limit=7)
+    assert again.running_limit == 3
+    with pytest.raises(ValueError, match="limit"):
+        Tube.objects.create_tube("bad", "fifo", limit=0)
+    assert not Tube.objects.filter(name="bad").exists()
+    from tests.testapp.taskloop import limited
+
+    limited._tubes.clear()  # (made by an earlier test on another database)
+    limited.put({"sleep": 0})  # @tube("w-limited", limit=5): the put makes the tube
+    assert Tube.objects.get(name="w-limited").running_limit == 5

@@ -337,7 +337,7 @@ def tube(
     concurrency = _check_concurrency(concurrency)
     limit = None if limit is None else check_count(limit, "limit", minimum=1)
     create: dict[str, Any] = {"type": type}
-    for key, value in (("ttl", ttl), ("ttr", ttr), ("pri", pri)):
+    for key, value in (("ttl", ttl), ("ttr", ttr), ("pri", pri), ("limit", limit)):
         if value is not None:
             create[key] = value
 

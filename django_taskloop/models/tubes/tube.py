@@ -11,7 +11,7 @@ from django.db import IntegrityError, models
 
 from ... import engine
 from ...exceptions import NotFound, TubeError
-from ...validation import check_bool, check_name
+from ...validation import check_bool, check_count, check_name
 from .claiming import TubeClaiming
 from .definitions import SLOTS, TUBE_TYPES, check_lifetime, check_pri
 from .operating import TubeOperating
@@ -32,12 +32,15 @@ class TubeManager(models.Manager["Tube"]):
         ttr: float | None = None,
         pri: int | None = None,
         on_task_change: Callable[[Task, str], Any] | None = None,
+        limit: int | None = None,
     ) -> Tube:
         """Create the tube ``name`` of driver ``type`` and return it.
 
         An existing name raises :class:`TubeError`, unless ``if_not_exists`` is true and the
         existing tube has the same type (then it is returned). ``ttl``, ``ttr`` and ``pri``
         are the defaults of the tube's tasks (ignored by fifo and utube, but type-checked).
+        ``limit``: the new tube's running limit (see :meth:`Tube.set_limit`); an existing tube
+        keeps its own.
         """
         name = check_name(name)
         if not isinstance(type, str):
@@ -48,22 +51,31 @@ class TubeManager(models.Manager["Tube"]):
         ttl = check_lifetime(ttl, "ttl")
         ttr = check_lifetime(ttr, "ttr")
         pri = check_pri(pri)
+        if limit is not None:
+            limit = check_count(limit, "limit", minimum=1)
         if on_task_change is not None and not callable(on_task_change):
             raise TypeError("on_task_change must be callable or None")
-        tube = self._existing_or_made(name, type, if_not_exists, ttl, ttr, pri)
+        tube = self._existing_or_made(name, type, if_not_exists, ttl, ttr, pri, limit)
         if on_task_change is not None:
             tube.on_task_change(on_task_change)
         return tube
 
     def _existing_or_made(
-        self, name: str, type: str, if_not_exists: bool, ttl: float | None, ttr: float | None, pri: int | None
+        self,
+        name: str,
+        type: str,
+        if_not_exists: bool,
+        ttl: float | None,
+        ttr: float | None,
+        pri: int | None,
+        limit: int | None = None,
     ) -> Tube:
         """The tube ``name`` made now with its counter slots, or (``if_not_exists``) as it
         exists already."""
         using = self.db
 
         def make() -> Tube:
-            tube = self.model(name=name, type=type, ttl=ttl, ttr=ttr, pri=pri)
+            tube = self.model(name=name, type=type, ttl=ttl, ttr=ttr, pri=pri, running_limit=limit)
             tube.save(using=using, force_insert=True)
             TubeStat.objects.using(using).bulk_create([TubeStat(tube=tube, slot=s) for s in range(SLOTS)])
             return tube
