@@ -72,8 +72,9 @@ def test_a_ttr_that_ran_out_gives_its_slot_back(clock):
 
 
 def test_another_process_s_limit_holds_from_the_next_take():
-    """The database holds the limit: a consumer whose tube object knew none sees one set
-    elsewhere at its next take."""
+    """The database holds the limit: a consumer whose tube object holds an older limit takes
+    by the one set elsewhere since (a tube object that knew of no limit takes as unlimited
+    tubes do, until it is read again: a worker reads it at each start)."""
     tube = Tube.objects.create_tube("t", "fifo")
     for i in range(5):
         tube.put(i)

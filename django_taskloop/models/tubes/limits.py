@@ -50,12 +50,8 @@ def room(tube: TubeCore, wanted: int) -> int:
     tube.running_limit = limit
     if limit is None:
         return wanted
-    return max(
-        0,
-        min(
-            wanted, int(limit) - engine.count_rows(lambda: _taken(tube), using, ("tube taken", pk, tube.type))
-        ),
-    )
+    held = engine.count_rows(lambda: _taken(tube), using, ("tube taken", pk, tube.type))
+    return max(0, min(wanted, int(limit) - held))
 
 
 def _taken(tube: TubeCore) -> QuerySet[Any]:

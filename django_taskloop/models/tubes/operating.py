@@ -338,8 +338,8 @@ class TubeOperating(TubeCore):
             task = self._existing(task_id, lock=True)
             engine.delete_rows(self._tasks().filter(pk=task.pk))
             self._count(delete=1, done=1)
-            if task.state == TAKEN and self._is_utube:
-                self._wake()
+            if task.state == TAKEN and (self._is_utube or self.running_limit is not None):
+                self._wake()  # its sub-queue, or a slot of the tube's limit, is free now
             task.state, task.owner, task.taken_key = DONE, None, None
             self._emit(task, "delete")
             return task
