@@ -62,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
     # Tubes spread over several databases: tube name → the DATABASES aliases of its shards
     # (see django_taskloop.shards). A tube not named here lives in one database.
     "SHARDS": {},
+    "LIMITS": {},
     # Seconds a round trip of the package's own (a worker's claim, settle or heartbeat, the
     # probe of a database found down, a keyed put on a shard) may take before the server counts
     # as hung, like one that went away: the connection is shut down on the client (a stopped
@@ -110,6 +111,16 @@ def _shards(value: Any, name: str) -> Any:
     return value
 
 
+def _limits(value: Any, name: str) -> Any:
+    _mapping(value, name)
+    for tube, limit in value.items():
+        if not isinstance(tube, str) or not tube:
+            raise TypeError(f"{name}'s keys must be tube names (non-empty str), not {tube!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"{name}[{tube!r}] must be a count of at least 1 or None, not {limit!r}")
+    return value
+
+
 def _zone(value: Any, name: str) -> Any:
     if value is not None and not isinstance(value, str):
         raise TypeError(f"{name} must be an IANA time zone name (a str) or None, not {type(value).__name__}")
@@ -143,6 +154,7 @@ RULES: dict[str, Callable[[Any, str], Any]] = {
     "SCHEDULE": _mapping,
     "TIME_ZONE": _zone,
     "SHARDS": _shards,
+    "LIMITS": _limits,
     "DATABASE_TIMEOUT": _seconds(non_negative=True),
     "SHARD_PUT_TIMEOUT": _seconds(positive=True),
 }

@@ -184,3 +184,36 @@ def test_create_tube_and_a_handler_s_first_put_make_the_tube_limited():
     limited._tubes.clear()  # (made by an earlier test on another database)
     limited.put({"sleep": 0})  # @tube("w-limited", limit=5): the put makes the tube
     assert Tube.objects.get(name="w-limited").running_limit == 5
+
+
+def test_the_limits_setting_wins_over_the_decorator(settings):
+    from django_taskloop.workers.drivers import TubeDriver
+    from tests.testapp.taskloop import limited  # @tube("w-limited", limit=5)
+
+    settings.TASKLOOP = {"LIMITS": {"w-limited": 2}}
+    limited._tubes.clear()
+    limited.put({"sleep": 0})  # the put makes the tube with the setting's limit
+    tube = Tube.objects.get(name="w-limited")
+    assert tube.running_limit == 2
+    # A worker's start sets it on the tube too; None in the setting lifts the decorator's.
+    tube.set_limit(9)
+    driver = TubeDriver(limited, "w")
+    driver.prepare()
+    assert Tube.objects.get(pk=tube.pk).running_limit == 2 and driver.limited
+    settings.TASKLOOP = {"LIMITS": {"w-limited": None}}
+    driver.prepare()
+    assert Tube.objects.get(pk=tube.pk).running_limit is None and not driver.limited
+    settings.TASKLOOP = {}
+    driver.prepare()
+    assert Tube.objects.get(pk=tube.pk).running_limit == 5
+
+
+@pytest.mark.parametrize(
+    "limits", [{"t": 0}, {"t": True}, {"t": 1.5}, {"": 3}, {3: 3}, ["t"]], ids=lambda v: repr(v)
+)
+def test_a_bad_limits_setting_is_a_system_check_error(settings, limits):
+    from django_taskloop.checks import check_settings
+
+    settings.TASKLOOP = {"LIMITS": limits}
+    errors = [e for e in check_settings(None) if e.id == "taskloop.E020"]
+    assert errors and "LIMITS" in errors[0].msg, errors

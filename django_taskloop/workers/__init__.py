@@ -39,6 +39,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import autodiscover_modules
 
 from ..compat import explain_refused_options
+from ..conf import setting
 from ..cron import periodic
 from ..exceptions import NotFound
 from ..models import TaskLoop, Tube
@@ -134,6 +135,20 @@ class Handler:
         # The decorated name stays callable as the plain function.
         return self.func(*args, **kwargs)
 
+    @property
+    def running_limit(self) -> int | None:
+        """The tube's running limit this handler asks for: ``TASKLOOP["LIMITS"]``'s entry for
+        its name when there is one (``None`` there: no limit), else the decorator's ``limit``."""
+        limits = setting("LIMITS")
+        return limits[self.name] if self.name in limits else self.limit
+
+    def tube_options(self) -> dict[str, Any]:
+        """``create_tube``'s options for this ``@tube`` handler's tube: the decorator's, with the
+        running limit :attr:`running_limit` says."""
+        options = {key: value for key, value in self.create.items() if key != "limit"}
+        limit = self.running_limit
+        return options if limit is None else {**options, "limit": limit}
+
     # Putting from any process (a view, a script): @tube handlers only. -----------------------
 
     def get_tube(self) -> Any:
@@ -148,12 +163,14 @@ class Handler:
         if self.database is None and is_sharded(self.target):
             sharded = self._tubes.get("*")
             if sharded is None:
-                sharded = self._tubes["*"] = ShardedTube(self.target, databases_of(self.target), self.create)
+                sharded = self._tubes["*"] = ShardedTube(
+                    self.target, databases_of(self.target), self.tube_options()
+                )
             return sharded
         using = self.database or str(Tube.objects.db)
         tube = self._tubes.get(using)
         if tube is None:
-            tube = self._tubes[using] = open_tube(self.target, self.create, using=using)
+            tube = self._tubes[using] = open_tube(self.target, self.tube_options(), using=using)
         return tube
 
     def _with_tube(self, verb: str, *args: Any, **kwargs: Any) -> Any:
@@ -230,7 +247,7 @@ def registered_options(name: str) -> dict[str, Any] | None:
         handler = next(
             (found for source in handler_sources for found in source() if found.name == name), None
         )
-    return dict(handler.create) if handler is not None and handler.kind == "tube" else None
+    return handler.tube_options() if handler is not None and handler.kind == "tube" else None
 
 
 def open_tube(name: str, options: dict[str, Any], using: str | None = None) -> Any:

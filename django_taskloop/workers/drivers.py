@@ -318,10 +318,11 @@ class TubeDriver(Driver["Task"]):
 
     def prepare(self) -> None:
         # A tube made elsewhere with other options is served as it is, with a warning.
-        self.tube = open_tube(self.handler.target, self.handler.create, using=self.handler.database)
-        if not self.handler.builtin and self.tube.running_limit != self.handler.limit:
-            # The handler's declaration is the tube's limit (none declared: none).
-            self.tube.set_limit(self.handler.limit)
+        handler = self.handler
+        self.tube = open_tube(handler.target, handler.tube_options(), using=handler.database)
+        if not handler.builtin and self.tube.running_limit != handler.running_limit:
+            # The handler's limit (TASKLOOP["LIMITS"], else its decorator's; none: none).
+            self.tube.set_limit(handler.running_limit)
 
     @property
     def limited(self) -> bool:

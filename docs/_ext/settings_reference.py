@@ -76,6 +76,11 @@ KINDS: tuple[Kind, ...] = (
         ({}, {"emails": ["default"]}),
         ([], None, {"emails": "default"}, {"emails": []}, {"": ["default"]}, {"emails": ["nowhere"]}),
     ),
+    Kind(
+        "dict: tube name → int, 1 or more (or None: no limit)",
+        ({}, {"charges": 5}, {"charges": None}),
+        ([], None, {"charges": 0}, {"charges": True}, {"charges": 1.5}, {"": 5}, {"charges": ["default"]}),
+    ),
 )
 
 
