@@ -165,6 +165,18 @@ def test_create_a_tube_through_the_admin(boss):
     assert tube.type == "utubettl" and tube.ttl == 60
 
 
+def test_a_tube_s_running_limit_through_the_admin(boss):
+    add = reverse("admin:django_taskloop_tube_add")
+    refused = boss.post(add, {"name": "none", "type": "fifo", "running_limit": "0"})
+    assert refused.status_code == 200 and not Tube.objects.filter(name="none").exists()
+    assert boss.post(add, {"name": "api", "type": "fifo", "running_limit": "3"}).status_code == 302
+    tube = Tube.objects.get(name="api")
+    assert tube.running_limit == 3
+    change = reverse("admin:django_taskloop_tube_change", args=[tube.pk])
+    assert boss.post(change, {"running_limit": ""}).status_code == 302
+    assert Tube.objects.get(pk=tube.pk).running_limit is None
+
+
 def test_no_add_or_bulk_delete_of_tasks(boss, tube):
     assert boss.get(reverse("admin:django_taskloop_task_add")).status_code == 403
     page = boss.get(reverse(LIST)).content.decode()

@@ -465,11 +465,12 @@ class TubeAdmin(QueueRowsAdmin):
 
     def save_model(self, request: HttpRequest, obj: Tube, form: Any, change: bool) -> None:
         if change:
-            # ttl/ttr/pri are defaults for future puts only.
+            # ttl/ttr/pri are defaults for future puts only; the running limit holds from the
+            # next take of every worker that knows the tube is limited.
             super().save_model(request, obj, form, change)
             return
         tube = Tube.objects.db_manager(router.db_for_write(Tube)).create_tube(
-            obj.name, obj.type, ttl=obj.ttl, ttr=obj.ttr, pri=obj.pri
+            obj.name, obj.type, ttl=obj.ttl, ttr=obj.ttr, pri=obj.pri, limit=obj.running_limit
         )
         obj.pk, obj.created, obj._state = tube.pk, tube.created, tube._state
 

@@ -124,7 +124,8 @@ def realistic_data(settings: Any) -> dict[str, Any]:
         last_run_at=db_now() - dt.timedelta(hours=19),
         runs=12,
     )
-    emails = Tube.objects.create_tube("emails", "fifottl", ttr=300)
+    # At most 12 at once (an SMTP relay's connections): the dashboard reads "taken 8/12".
+    emails = Tube.objects.create_tube("emails", "fifottl", ttr=300, limit=12)
     emails.put_many(
         [
             {"to": f"reader{n}@example.com", "subject": "Your weekly digest of new articles"}
@@ -231,6 +232,7 @@ def test_the_dashboard_is_one_overview_with_charts_as_wide_as_their_cards(page: 
     text = table.inner_text()
     for queue in ("builds", "emails", "thumbnails", "int loops", "nightly"):
         assert queue in text, queue
+    assert "taken 8/12" in text, text  # the emails tube's running limit, beside what runs
     # The table comes before the charts.
     charts = page.locator("svg.tl-chart")
     assert charts.count() >= 2

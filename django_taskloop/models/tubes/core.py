@@ -18,6 +18,7 @@ import copy
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from django.core.validators import MinValueValidator
 from django.db import models, transaction
 from django.db.models import Q
 
@@ -60,8 +61,9 @@ class TubeCore(models.Model):
     running_limit = models.PositiveIntegerField(
         null=True,
         blank=True,
+        validators=[MinValueValidator(1)],
         help_text="At most this many of its tasks taken at once, by every consumer together "
-        "(empty: no limit). See Tube.set_limit.",
+        "(empty: no limit). A worker sets its handler's limit when it starts. See Tube.set_limit.",
     )
 
     class Meta:
