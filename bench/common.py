@@ -95,6 +95,17 @@ def check_once(records: list[tuple[int, float]], expected: Iterable[int]) -> dic
     }
 
 
+def most_at_once(starts: list[float], seconds: float) -> int:
+    """The most items running at one moment, each running ``seconds`` from its start (an end
+    before a start at the same instant)."""
+    events = sorted([(at, 1) for at in starts] + [(at + seconds, 0) for at in starts])
+    running = most = 0
+    for _at, begins in events:
+        running += 1 if begins else -1
+        most = max(most, running)
+    return most
+
+
 def drain_rate(records: list[tuple[int, float]]) -> float:
     """Return jobs per second between the first and the last handler start."""
     times = sorted(t for _, t in records)

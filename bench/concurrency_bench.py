@@ -29,16 +29,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scenarios  # noqa: E402  (sets Django up with the bench project)
-from common import check_once, drain_rate, fresh_dir, read_records  # noqa: E402
+from common import check_once, drain_rate, fresh_dir, most_at_once, read_records  # noqa: E402
 from django.db import connections  # noqa: E402
 
 from django_taskloop.models import Tube  # noqa: E402
 
 
-def burst(only: str, concurrency: int | None, record_dir: Path) -> float:
-    """Run ``workers --burst --only ONLY [--concurrency N]``; return its wall seconds."""
+def burst(only: str, concurrency: int | None, record_dir: Path, processes: int = 1) -> float:
+    """Run ``workers --burst --processes P --only ONLY [--concurrency N]``; return its wall
+    seconds."""
     connections.close_all()
-    command = scenarios.workers_command(1, True, only)
+    command = scenarios.workers_command(processes, True, only)
     if concurrency is not None:
         command += ["--concurrency", str(concurrency)]
     env = {**os.environ, scenarios.RECORD_DIR_ENV: str(record_dir)}
@@ -59,16 +60,11 @@ def waits(name: str, tasks: int, concurrency: int, seconds: float) -> dict:
     wall = burst(name, concurrency, record_dir)
     records = read_records(record_dir)
     starts = sorted(at for _n, at in records)
-    # Each item ends ``seconds`` after it started: the most at once from the starts alone.
-    events = sorted([(at, 1) for at in starts] + [(at + seconds, 0) for at in starts])
-    running = most = 0
-    for _at, begins in events:
-        running += 1 if begins else -1
-        most = max(most, running)
     return {
         "wall": wall,
         "window": (starts[-1] + seconds - starts[0]) if starts else 0.0,
-        "most": most,
+        # Each item ends ``seconds`` after it started: the most at once from the starts alone.
+        "most": most_at_once(starts, seconds),
         **check_once(records, range(tasks)),
     }
 

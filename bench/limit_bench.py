@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scenarios  # noqa: E402  (sets Django up with the bench project)
-from common import check_once, fresh_dir, read_records  # noqa: E402
+from common import check_once, fresh_dir, most_at_once, read_records  # noqa: E402
+from concurrency_bench import burst  # noqa: E402
 from django.db import connections  # noqa: E402
 
 from django_taskloop.models import Tube  # noqa: E402
@@ -41,21 +41,16 @@ def limited_drain(tasks: int, seconds: float) -> dict:
     tube.truncate()
     tube.put_many([[n, seconds] for n in range(tasks)])
     record_dir = fresh_dir(Path(tempfile.gettempdir()) / "limit-bench")
-    connections.close_all()
-    command = [*scenarios.workers_command(4, True, "bench-limited"), "--concurrency", "10"]
-    env = {**os.environ, scenarios.RECORD_DIR_ENV: str(record_dir)}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode:
-        raise SystemExit(f"workers failed:\n{done.stderr[-3000:]}")
+    burst("bench-limited", 10, record_dir, processes=4)
     records = read_records(record_dir)
     starts = sorted(at for _n, at in records)
-    events = sorted([(at, 1) for at in starts] + [(at + seconds, 0) for at in starts])
-    running = most = 0
-    for _at, begins in events:
-        running += 1 if begins else -1
-        most = max(most, running)
     window = starts[-1] + seconds - starts[0]
-    return {"most": most, "window": window, "ideal": tasks * seconds / 5, **check_once(records, range(tasks))}
+    return {
+        "most": most_at_once(starts, seconds),
+        "window": window,
+        "ideal": tasks * seconds / 5,
+        **check_once(records, range(tasks)),
+    }
 
 
 def take_cost(rounds: int, takes: int) -> dict[str, tuple[float, float]]:

@@ -60,9 +60,14 @@ def queue_gauges(down: dict[str, str] | None = None) -> Iterable[tuple[str, str,
     definition of every state that the admin shows too.
     """
     for summary in _readable(down):
-        counts = {STATE_LABELS.get((summary.kind, state), state): n for state, n in summary.counts.items()}
-        # A tube's shard other than the router's database: "emails@queue2".
-        yield summary.kind, shards.shown(summary.name, summary.using), counts, summary.oldest_ready or 0.0
+        yield _gauge(summary)
+
+
+def _gauge(summary: QueueSummary) -> tuple[str, str, dict[str, int], float]:
+    """``(kind, queue, {state: count}, oldest ready age in seconds)`` of one queue."""
+    counts = {STATE_LABELS.get((summary.kind, state), state): n for state, n in summary.counts.items()}
+    # A tube's shard other than the router's database: "emails@queue2".
+    return summary.kind, shards.shown(summary.name, summary.using), counts, summary.oldest_ready or 0.0
 
 
 def _readable(down: dict[str, str] | None) -> list[QueueSummary]:
@@ -119,12 +124,10 @@ def _queue_lines(down: dict[str, str]) -> list[str]:
         "# TYPE taskloop_running_limit gauge",
     ]
     for summary in _readable(down):
-        kind, queue = summary.kind, shards.shown(summary.name, summary.using)
-        for state, n in summary.counts.items():
-            state = STATE_LABELS.get((kind, state), state)
+        kind, queue, counts, age = _gauge(summary)
+        for state, n in counts.items():
             items.append(_line("taskloop_items", {"queue": queue, "kind": kind, "state": state}, n))
-        age = round(summary.oldest_ready or 0.0, 3)
-        ages.append(_line("taskloop_oldest_ready_seconds", {"queue": queue, "kind": kind}, age))
+        ages.append(_line("taskloop_oldest_ready_seconds", {"queue": queue, "kind": kind}, round(age, 3)))
         if summary.limit is not None:
             limits.append(_line("taskloop_running_limit", {"queue": queue, "kind": kind}, summary.limit))
     return [*items, *ages, *limits]

@@ -18,7 +18,7 @@ from django_taskloop.workers import Handler
 from django_taskloop.workers.runner import Worker
 from tests.testapp.models import WorkerLoop, WorkLog
 
-from .workers_util import run_workers, start_workers, stop, stop_hard, stop_once, wait_until
+from .workers_util import most_running, run_workers, start_workers, stop, stop_hard, stop_once, wait_until
 
 FAST = '{"RETRY_BACKOFF": 0.2, "MAX_ATTEMPTS": 2, "GRACE_PERIOD": 20, "HEARTBEAT_INTERVAL": 0.5}'
 
@@ -40,14 +40,10 @@ def records(kind: str) -> list[tuple[str, str, float]]:
 
 
 def most_at_once(rows: list[tuple[str, str, float]]) -> int:
-    """The most items running at one moment: starts and ends in time order (an end before a
-    start at the same instant)."""
-    events = sorted((at, 0 if phase == "end" else 1) for _key, phase, at in rows if phase in ("start", "end"))
-    running = most = 0
-    for _at, starts in events:
-        running += 1 if starts else -1
-        most = max(most, running)
-    return most
+    """The most items running at one moment, from their start and end records."""
+    return most_running(
+        [at for _k, phase, at in rows if phase == "start"], [at for _k, phase, at in rows if phase == "end"]
+    )
 
 
 def ends(kind: str) -> Counter[str]:

@@ -11,6 +11,7 @@ from django.db import connections
 from django_taskloop.exceptions import NotFound
 from django_taskloop.models import Task, Tube
 from tests.conftest import race
+from tests.workers_util import most_running
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -132,14 +133,9 @@ def test_six_processes_never_hold_more_than_the_limit(vendor):
     holds = [hold for result in results for hold in result]
     assert len(holds) == 300 and not Task.objects.filter(tube=tube).exists()
     assert sum(1 for result in results if result) >= 3, "the processes did not share the work"
-    # At any moment, at most 3 held: count the holds open at each take (a hold is counted
-    # from just after its take returned to just before its acknowledgement was sent, so this
-    # under-counts nothing the database allowed).
-    events = sorted([(took, 1) for took, _ in holds] + [(acking, -1) for _, acking in holds])
-    running = most = 0
-    for _, step in events:
-        running += step
-        most = max(most, running)
+    # At any moment, at most 3 held: a hold is counted from just after its take returned to
+    # just before its acknowledgement was sent, so this under-counts nothing the database allowed.
+    most = most_running([took for took, _ in holds], [acking for _, acking in holds])
     print(f"\n[{vendor}] most held at once: {most} (limit 3)")
     assert most <= 3
     assert most == 3, "the limit was never reached: the test shows nothing"
@@ -217,3 +213,31 @@ def test_a_bad_limits_setting_is_a_system_check_error(settings, limits):
     settings.TASKLOOP = {"LIMITS": limits}
     errors = [e for e in check_settings(None) if e.id == "taskloop.E020"]
     assert errors and "LIMITS" in errors[0].msg, errors
+
+
+@pytest.mark.parametrize("verb", ["ack", "ack_many", "release_delayed", "bury", "delete_task"])
+def test_finishing_a_limited_tube_s_task_wakes_the_takers_waiting_for_a_slot(verb):
+    """A taken task that ends frees a slot of the limit: takers that wait (a waiting take, an
+    idle worker) hear of it at the commit, as they hear of a put, instead of at their next poll.
+    An unlimited tube's acknowledgement frees nothing anyone waits for: no wake-up."""
+    from django_taskloop import wakeup
+
+    tube = Tube.objects.create_tube("t", "fifottl", ttr=60, limit=1)
+    free = Tube.objects.create_tube("free", "fifottl", ttr=60)
+    tube.put(1)
+    free.put(1)
+    (task,) = tube.take_many(1, consumer="w")
+    (other,) = free.take_many(1, consumer="w")
+    waiter = wakeup.Waiter("default", [tube.pk, free.pk])
+    try:
+        {
+            "ack": lambda: tube.ack(task.id, consumer="w"),
+            "ack_many": lambda: tube.ack_many([task.id], consumer="w"),
+            "release_delayed": lambda: tube.release(task.id, delay=30, consumer="w"),
+            "bury": lambda: tube.bury(task.id),
+            "delete_task": lambda: tube.delete_task(task.id),
+        }[verb]()
+        free.ack(other.id, consumer="w")
+        assert waiter.sleep(1.0) == {tube.pk}
+    finally:
+        waiter.close()

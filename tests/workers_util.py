@@ -191,6 +191,17 @@ def alive(pid: int) -> bool:
         return False
 
 
+def most_running(starts: Any, ends: Any) -> int:
+    """The most items running at one moment, from their start and end times (an end before a
+    start at the same instant)."""
+    events = sorted([(at, 1) for at in starts] + [(at, -1) for at in ends])
+    running = most = 0
+    for _at, step in events:
+        running += step
+        most = max(most, running)
+    return most
+
+
 def wait_until(predicate: Any, timeout: float = 30, every: float = 0.05) -> Any:
     """Poll ``predicate()`` until it is truthy; return its value (fail after ``timeout``)."""
     deadline = time.monotonic() + timeout

@@ -277,11 +277,6 @@ class Claimed:
     def __len__(self) -> int:
         return len(self._rows)
 
-    @classmethod
-    def none(cls) -> Claimed:
-        """No rows claimed."""
-        return cls(())
-
     def instances(self) -> list[Any]:
         if self._objs is None:
             assert self._finish is not None

@@ -104,7 +104,8 @@ class Handler:
     lease: float = 600.0
     #: Loops only: seconds before a done id comes round again (doloop's ``min_loop_time``).
     min_loop_time: float = 3600.0
-    #: Keyword arguments for ``create_tube``/``create_board`` when the worker creates it.
+    #: Keyword arguments for ``create_tube``/``create_board`` when the worker creates it (a tube's
+    #: running limit aside: :meth:`tube_options` adds it, see :attr:`running_limit`).
     create: dict[str, Any] = field(default_factory=dict)
     #: Whether the handler is internal (the Django Tasks backend's queues).
     builtin: bool = False
@@ -145,9 +146,8 @@ class Handler:
     def tube_options(self) -> dict[str, Any]:
         """``create_tube``'s options for this ``@tube`` handler's tube: the decorator's, with the
         running limit :attr:`running_limit` says."""
-        options = {key: value for key, value in self.create.items() if key != "limit"}
         limit = self.running_limit
-        return options if limit is None else {**options, "limit": limit}
+        return dict(self.create) if limit is None else {**self.create, "limit": limit}
 
     # Putting from any process (a view, a script): @tube handlers only. -----------------------
 
@@ -354,7 +354,7 @@ def tube(
     concurrency = _check_concurrency(concurrency)
     limit = None if limit is None else check_count(limit, "limit", minimum=1)
     create: dict[str, Any] = {"type": type}
-    for key, value in (("ttl", ttl), ("ttr", ttr), ("pri", pri), ("limit", limit)):
+    for key, value in (("ttl", ttl), ("ttr", ttr), ("pri", pri)):
         if value is not None:
             create[key] = value
 

@@ -23,6 +23,7 @@ from django.db import connections, transaction
 
 from django_taskloop.models import JobBoard, Task, Tube
 from tests.testapp.models import WorkerLoop, WorkLog
+from tests.workers_util import most_running
 
 from .workers import Workers, executions, wait_until
 
@@ -219,16 +220,10 @@ def test_a_tube_s_limit_holds_under_kills(vendor, capsys):
         )
     )
     ends = {(key, pid): at for key, phase, at, pid in rows if phase == "end"}
-    events = []
-    for key, phase, at, pid in rows:
-        if phase == "start":
-            # A run cut short by a kill (it never logged its end) ran no longer than its
-            # handler's 0.02 s sleep: counted as running that long.
-            events += [(at, 1), (ends.get((key, pid), at + 0.02), -1)]
-    running = most = 0
-    for _at, step in sorted(events):
-        running += step
-        most = max(most, running)
+    # A run cut short by a kill (it never logged its end) ran no longer than its handler's
+    # 0.02 s sleep: counted as running that long.
+    runs = [(at, ends.get((key, pid), at + 0.02)) for key, phase, at, pid in rows if phase == "start"]
+    most = most_running([start for start, _ in runs], [end for _, end in runs])
     with capsys.disabled():
         print(f"\n[reliability] limited tube kill drain ({vendor}): {report}, most running at once {most}")
     assert most <= 5

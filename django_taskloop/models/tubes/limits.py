@@ -25,7 +25,7 @@ def claim_within(tube: TubeCore, spec: engine.ClaimSpec) -> engine.Claimed:
     leaves (:func:`room`); in the take's transaction."""
     left = room(tube, spec.limit)
     if not left:
-        return engine.Claimed.none()
+        return engine.Claimed([])  # (as engine.claim's empty claim)
     claimed: engine.Claimed = (spec if left == spec.limit else spec.limited_to(left)).run(later=True)
     return claimed
 

@@ -23,6 +23,7 @@ from ...validation import (
     check_text,
 )
 from .. import operating as queues  # models/operating.py: the pauses of every kind of queue
+from . import limits
 from .core import TubeCore
 from .definitions import (
     BURIED,
@@ -338,8 +339,10 @@ class TubeOperating(TubeCore):
             task = self._existing(task_id, lock=True)
             engine.delete_rows(self._tasks().filter(pk=task.pk))
             self._count(delete=1, done=1)
-            if task.state == TAKEN and (self._is_utube or self.running_limit is not None):
-                self._wake()  # its sub-queue, or a slot of the tube's limit, is free now
+            if task.state == TAKEN and self._is_utube:
+                self._wake()  # its sub-queue is free now
+            elif task.state == TAKEN:
+                limits.freed(self, 1)
             task.state, task.owner, task.taken_key = DONE, None, None
             self._emit(task, "delete")
             return task
