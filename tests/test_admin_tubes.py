@@ -172,6 +172,8 @@ def test_a_tube_s_running_limit_through_the_admin(boss):
     assert boss.post(add, {"name": "api", "type": "fifo", "running_limit": "3"}).status_code == 302
     tube = Tube.objects.get(name="api")
     assert tube.running_limit == 3
+    listed = boss.get(reverse("admin:django_taskloop_tube_changelist")).content.decode()
+    assert '<td class="field-limit">3</td>' in listed, listed
     change = reverse("admin:django_taskloop_tube_change", args=[tube.pk])
     assert boss.post(change, {"running_limit": ""}).status_code == 302
     assert Tube.objects.get(pk=tube.pk).running_limit is None

@@ -437,7 +437,7 @@ class TubeAdmin(QueueRowsAdmin):
 
     noun = "tube"
 
-    list_display = ("tube_name", "running", "type", "ttl", "ttr", "pri", "links", "created_at")
+    list_display = ("tube_name", "running", "type", "ttl", "ttr", "pri", "limit", "links", "created_at")
     list_filter = (TubeUseFilter, "type")
     search_fields = ("name",)
     ordering = ("name",)
@@ -450,6 +450,11 @@ class TubeAdmin(QueueRowsAdmin):
     @admin.display(description=_("created"), ordering="created")
     def created_at(self, obj: Tube) -> str:
         return when_cell(obj.created, self.now())
+
+    @admin.display(description=_("limit"), ordering="running_limit", empty_value="-")
+    def limit(self, obj: Tube) -> int | None:
+        """Its running limit: at most this many taken at once, every worker together."""
+        return obj.running_limit
 
     @admin.action(description=_("Pause: workers take nothing from it"), permissions=["change"])
     def pause_tubes(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:

@@ -46,7 +46,7 @@ LISTS = {
         "task/",
         ("id", "task_state", "tube_name", "pri", "attempts", "deadline", "age", "data_preview"),
     ),
-    "tubes": ("tube/", ("tube_name", "running", "type", "links", "created_at")),
+    "tubes": ("tube/", ("tube_name", "running", "type", "limit", "links", "created_at")),
     "boards": ("jobboard/", ("name", "running", "live_jobs", "links", "created")),
     "results": ("taskrecord/", ("short_id", "task_name", "queue_name", "status_badge", "enqueued")),
     "workers": ("workerprocess/", ("identity", "host", "pid", "up_for", "last_beat", "serves", "holds")),
