@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .validation import check_aliases, check_count, check_seconds
+from .validation import check_aliases, check_count, check_rate, check_seconds
 
 DEFAULTS: dict[str, Any] = {
     # Seconds without a heartbeat after which a tube consumer counts as dead.
@@ -63,6 +63,12 @@ DEFAULTS: dict[str, Any] = {
     # (see django_taskloop.shards). A tube not named here lives in one database.
     "SHARDS": {},
     "LIMITS": {},
+    "KEY_LIMITS": {},
+    "KEY_RATES": {},
+    "RATES": {},
+    # Seconds a tube's rate counts its takes for beyond its period: they absorb the delay
+    # between a task's claim (what the rate counts) and its start in the worker.
+    "RATE_MARGIN": 0.05,
     # Seconds a round trip of the package's own (a worker's claim, settle or heartbeat, the
     # probe of a database found down, a keyed put on a shard) may take before the server counts
     # as hung, like one that went away: the connection is shut down on the client (a stopped
@@ -111,14 +117,26 @@ def _shards(value: Any, name: str) -> Any:
     return value
 
 
-def _limits(value: Any, name: str) -> Any:
-    _mapping(value, name)
-    for tube, limit in value.items():
-        if not isinstance(tube, str) or not tube:
-            raise TypeError(f"{name}'s keys must be tube names (non-empty str), not {tube!r}")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"{name}[{tube!r}] must be a count of at least 1 or None, not {limit!r}")
-    return value
+def _by_tube(check: Callable[[Any, str], Any]) -> Callable[[Any, str], Any]:
+    """A setting of tube name -> value, each value checked by ``check(value, its name)``."""
+
+    def checked(value: Any, name: str) -> Any:
+        _mapping(value, name)
+        for tube, entry in value.items():
+            if not isinstance(tube, str) or not tube:
+                raise TypeError(f"{name}'s keys must be tube names (non-empty str), not {tube!r}")
+            check(entry, f"{name}[{tube!r}]")
+        return value
+
+    return checked
+
+
+def _limit(minimum: int) -> Callable[[Any, str], Any]:
+    def checked(limit: Any, name: str) -> Any:
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < minimum):
+            raise ValueError(f"{name} must be a count of at least {minimum} or None, not {limit!r}")
+
+    return checked
 
 
 def _zone(value: Any, name: str) -> Any:
@@ -154,7 +172,11 @@ RULES: dict[str, Callable[[Any, str], Any]] = {
     "SCHEDULE": _mapping,
     "TIME_ZONE": _zone,
     "SHARDS": _shards,
-    "LIMITS": _limits,
+    "LIMITS": _by_tube(_limit(1)),
+    "KEY_LIMITS": _by_tube(_limit(1)),
+    "KEY_RATES": _by_tube(check_rate),
+    "RATES": _by_tube(check_rate),
+    "RATE_MARGIN": _seconds(non_negative=True),
     "DATABASE_TIMEOUT": _seconds(non_negative=True),
     "SHARD_PUT_TIMEOUT": _seconds(positive=True),
 }

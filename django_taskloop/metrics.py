@@ -110,27 +110,64 @@ def render_metrics() -> str:
     return "\n".join([*lines, *_cleanup_lines()]) + "\n"
 
 
+#: The gauges written per queue, in their order: name -> help.
+_QUEUE_GAUGES = {
+    "taskloop_items": "Items in each queue by state.",
+    "taskloop_oldest_ready_seconds": "How long the next item to run has waited (0: none ready).",
+    "taskloop_running_limit": "At most this many of a queue's items run at once, every worker together "
+    "(queues with a running limit only; taskloop_items' taken: how many run).",
+    "taskloop_rate_limit": "At most this many of a queue's items started per taskloop_rate_period_seconds, "
+    "every worker together (queues with a rate only).",
+    "taskloop_rate_period_seconds": "A queue's rate's period.",
+    "taskloop_rate_used": "How many of a queue's items were started in its rate's window up to now.",
+    "taskloop_key_limit": "At most this many of a queue's items of one key run at once, every worker "
+    "together (keyed queues with a key limit above 1 only).",
+    "taskloop_key_rate_limit": "At most this many of a queue's items of one key started per "
+    "taskloop_key_rate_period_seconds, every worker together (keyed queues with a key rate only).",
+    "taskloop_key_rate_period_seconds": "A queue's key rate's period.",
+}
+
+
 def _queue_lines(down: dict[str, str]) -> list[str]:
-    """Each readable queue's items by state, its oldest ready item's age and its running limit
-    (``down``: filled with the databases that could not be read)."""
-    items = ["# HELP taskloop_items Items in each queue by state.", "# TYPE taskloop_items gauge"]
-    ages = [
-        "# HELP taskloop_oldest_ready_seconds How long the next item to run has waited (0: none ready).",
-        "# TYPE taskloop_oldest_ready_seconds gauge",
-    ]
-    limits = [
-        "# HELP taskloop_running_limit At most this many of a queue's items run at once, every "
-        "worker together (queues with a running limit only; taskloop_items' taken: how many run).",
-        "# TYPE taskloop_running_limit gauge",
-    ]
+    """Each readable queue's items by state, its oldest ready item's age, its limits and rates
+    (``down``: filled with the databases that could not be read). Each gauge's samples follow
+    its ``HELP`` and ``TYPE``, as the text format asks."""
+    samples: dict[str, list[str]] = {name: [] for name in _QUEUE_GAUGES}
     for summary in _readable(down):
         kind, queue, counts, age = _gauge(summary)
+        labels = {"queue": queue, "kind": kind}
         for state, n in counts.items():
-            items.append(_line("taskloop_items", {"queue": queue, "kind": kind, "state": state}, n))
-        ages.append(_line("taskloop_oldest_ready_seconds", {"queue": queue, "kind": kind}, round(age, 3)))
-        if summary.limit is not None:
-            limits.append(_line("taskloop_running_limit", {"queue": queue, "kind": kind}, summary.limit))
-    return [*items, *ages, *limits]
+            samples["taskloop_items"].append(_line("taskloop_items", {**labels, "state": state}, n))
+        samples["taskloop_oldest_ready_seconds"].append(
+            _line("taskloop_oldest_ready_seconds", labels, round(age, 3))
+        )
+        for name, value in _limits_of(summary):
+            samples[name].append(_line(name, labels, value))
+    lines: list[str] = []
+    for name, about in _QUEUE_GAUGES.items():
+        lines += [f"# HELP {name} {about}", f"# TYPE {name} gauge", *samples[name]]
+    return lines
+
+
+def _limits_of(summary: QueueSummary) -> list[tuple[str, Any]]:
+    """``summary``'s limit and rate gauges that it has: (name, value)."""
+    found: list[tuple[str, Any]] = []
+    if summary.limit is not None:
+        found.append(("taskloop_running_limit", summary.limit))
+    if summary.rate is not None:
+        found += [
+            ("taskloop_rate_limit", summary.rate.count),
+            ("taskloop_rate_period_seconds", summary.rate.period),
+            ("taskloop_rate_used", summary.started or 0),
+        ]
+    if summary.key_limit is not None:
+        found.append(("taskloop_key_limit", summary.key_limit))
+    if summary.key_rate is not None:
+        found += [
+            ("taskloop_key_rate_limit", summary.key_rate.count),
+            ("taskloop_key_rate_period_seconds", summary.key_rate.period),
+        ]
+    return found
 
 
 def _cleanup_lines() -> list[str]:

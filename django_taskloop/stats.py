@@ -38,6 +38,7 @@ from .models import (
 from .models.operating import TASKS_TUBE_PREFIXES as _TASKS_TUBE_PREFIXES
 from .models.operating import Throughput
 from .models.tubes import TASK_STATES
+from .validation import Rate
 
 __all__ = [
     "JOB_STATES",
@@ -141,6 +142,17 @@ class QueueSummary:
     #: A tube's running limit (``Tube.set_limit``): at most this many taken at once by every
     #: worker together; ``None``: no limit.
     limit: int | None = None
+    #: A tube's rate (``Tube.set_rate``: ``str(rate)`` reads ``60/s``); ``None``: no rate.
+    rate: Rate | None = None
+    #: A tube with a rate: how many of its tasks were taken in the rate's window up to now.
+    started: int | None = None
+    #: A utube's key limit (``Tube.set_key_limit``): at most this many tasks of one key taken
+    #: at once; ``None``: one at a time (or a tube without keys). A Django Tasks queue: its
+    #: keyed tube's.
+    key_limit: int | None = None
+    #: A utube's key rate (``Tube.set_key_rate``): at most ``key_rate.count`` of one key's tasks
+    #: taken in any period; ``None``: none. A Django Tasks queue: its keyed tube's.
+    key_rate: Rate | None = None
     #: Why the queue's database could not be read (``OperationalError: …``), or ``None``. A
     #: queue that is down reads as empty, its ``source`` an unsaved namesake and ``now`` the
     #: web server's clock: nothing of it is known but its name and where it lives.
@@ -222,6 +234,10 @@ def tube_summary(
         now=now,
         failures_last_hour=failures,
         limit=tube.running_limit,
+        rate=tube.rate,
+        started=tube.rate_used(),
+        key_limit=tube.key_limit,
+        key_rate=tube.key_rate,
     )
 
 
@@ -585,6 +601,8 @@ def merge_django_tasks(summaries: Iterable[QueueSummary]) -> list[QueueSummary]:
             paused=first.paused or summary.paused,
             down=first.down or summary.down,
             failures_last_hour=first.failures_last_hour + summary.failures_last_hour,
+            key_limit=first.key_limit or summary.key_limit,
+            key_rate=first.key_rate or summary.key_rate,
             source=tube if plain else first.source,
             tubes=(tube, *first.tubes) if plain else (*first.tubes, tube),
         )

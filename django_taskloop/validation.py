@@ -6,13 +6,14 @@ Each check runs before anything touches the database and raises ``TypeError`` (w
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import inspect
 import json
 import math
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal, overload
 
 from django.conf import settings
@@ -111,6 +112,94 @@ def check_count(value: Any, name: str, *, minimum: int = 0, maximum: int | None 
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, not {value!r}")
     return value
+
+
+def check_key_limit(value: Any, tube_type: str, name: str = "key_limit") -> int | None:
+    """Return a key limit for a tube of ``tube_type``: ``None`` (also for 1: one task of a key
+    at a time, the utube's own rule) or an ``int`` above 1. Only utube and utubettl tubes have
+    keys."""
+    if value is None:
+        return None
+    value = check_count(value, name, minimum=1)
+    if not str(tube_type).startswith("utube"):
+        raise ValueError(f"{name} is for utube and utubettl tubes (their tasks have keys), not {tube_type}")
+    return None if value == 1 else value
+
+
+def check_key_rate(value: Any, tube_type: str, name: str = "key_rate") -> Rate | None:
+    """Return a key rate for a tube of ``tube_type`` (see :func:`check_rate`), or ``None``.
+    Only utube and utubettl tubes have keys."""
+    rate = check_rate(value, name)
+    if rate is not None and not str(tube_type).startswith("utube"):
+        raise ValueError(f"{name} is for utube and utubettl tubes (their tasks have keys), not {tube_type}")
+    return rate
+
+
+_RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_RATE_RE = re.compile(
+    r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*"
+    r"(s|sec|secs|second|seconds|m|min|mins|minute|minutes|h|hr|hour|hours|d|day|days)\s*$"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rate:
+    """At most ``count`` starts in any ``period`` seconds: ``Rate(100, 60)``, written ``100/m``.
+    It unpacks as ``count, period = rate``."""
+
+    #: How many may start in one period.
+    count: int
+    #: The period, in seconds.
+    period: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "count", int(self.count))
+        object.__setattr__(self, "period", float(self.period))
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.count, self.period))
+
+    def __str__(self) -> str:
+        count, period = self
+        for unit, seconds in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0)):
+            times = period / seconds
+            if times >= 1 and times == int(times):
+                return f"{count}/{unit}" if times == 1 else f"{count}/{int(times)}{unit}"
+        return f"{count}/{period:g}s"
+
+    def __repr__(self) -> str:
+        return f"Rate({self.count!r}, {self.period!r})"
+
+
+def check_rate(value: Any, name: str = "rate") -> Rate | None:
+    """Return ``value`` as a :class:`Rate`, or ``None`` for ``None``: a text such as
+    ``"100/m"``, ``"60/s"``, ``"10/5s"``, ``"1000/h"`` or ``"5/d"`` (a count, a slash, an
+    optional number and a unit: s, m, h or d, or their words), or a ``(count, seconds)`` pair.
+    The count must be at least 1, the period at least a millisecond."""
+    if value is None or isinstance(value, Rate):
+        return value
+    if isinstance(value, str):
+        match = _RATE_RE.match(value.lower())
+        if not match:
+            raise ValueError(
+                f"{name} must be a count per period such as '100/m', '60/s' or '10/5s' "
+                f"(units s, m, h, d), not {value!r}"
+            )
+        count, times, unit = match.groups()
+        period = float(times or 1) * _RATE_UNITS[unit[0]]
+        count = int(count)
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        count = check_count(value[0], f"{name}'s count")
+        period = check_seconds(value[1], f"{name}'s period")
+    else:
+        raise TypeError(
+            f"{name} must be a str such as '100/m', a (count, seconds) pair or None, not {value!r}"
+        )
+    if count < 1:
+        raise ValueError(f"{name} must let at least 1 start per period, not {value!r}")
+    if not (period >= 0.001 and math.isfinite(period)):
+        raise ValueError(f"{name}'s period must be at least 0.001 seconds, not {value!r}")
+    return Rate(count, period)
 
 
 def check_owner(value: Any, name: str, *, max_length: int = 255) -> str:

@@ -30,7 +30,17 @@ from . import engine
 from .conf import setting
 from .engine import data_files, features
 
-__all__ = ["channel", "notify", "send_notify", "Waiter", "keep_listeners", "close_listeners", "CLOCK_POLL"]
+__all__ = [
+    "channel",
+    "notify",
+    "wake_at",
+    "woken_at",
+    "send_notify",
+    "Waiter",
+    "keep_listeners",
+    "close_listeners",
+    "CLOCK_POLL",
+]
 
 logger = logging.getLogger("django_taskloop.wakeup")
 
@@ -49,6 +59,9 @@ _lock = threading.Lock()
 # the tubes it waits for (a wake-up meant for another tube costs it a look, no query).
 _changed = threading.Condition(_lock)
 _generations: dict[tuple[str, int], int] = {}
+# When a tube's waiters are to be woken by the clock (wake_at), by (database, tube id):
+# monotonic seconds.
+_timers: dict[tuple[str, int], float] = {}
 
 
 def _bump(keys: Any) -> None:
@@ -61,6 +74,41 @@ def _bump(keys: Any) -> None:
 def notify(using: str, tube_id: int) -> None:
     """Wake this process's consumers waiting on tube ``tube_id`` of database ``using``."""
     _bump([(using, tube_id)])
+
+
+def wake_at(using: str, tube_id: int, seconds: float) -> None:
+    """Wake this process's consumers waiting on tube ``tube_id`` of database ``using`` in
+    ``seconds`` (a tube's rate lets a take claim again then), unless a wake-up is set sooner."""
+    key, now = (using, tube_id), time.monotonic()
+    at = now + max(0.0, seconds)
+    with _changed:
+        set_at = _timers.get(key)
+        if set_at is None or set_at <= now or at < set_at:  # (one past is spent)
+            _timers[key] = at
+            _changed.notify_all()
+
+
+def woken_at(using: str, tube_id: int) -> float | None:
+    """When :func:`wake_at` is set to wake tube ``tube_id``'s waiters (``time.monotonic()``
+    seconds, still to come), or ``None``."""
+    at = _timers.get((using, tube_id))
+    return at if at is not None and at > time.monotonic() else None
+
+
+def _ring(keys: Iterable[tuple[str, int]], now: float) -> float:
+    # (Under _changed.) Turn the timers of ``keys`` that are due into wake-ups; return when the
+    # next of them is due.
+    following = float("inf")
+    for key in keys:
+        at = _timers.get(key)
+        if at is None:
+            continue
+        if at <= now:
+            del _timers[key]
+            _generations[key] = _generations.get(key, 0) + 1
+        else:
+            following = min(following, at)
+    return following
 
 
 def channel(tube_id: int) -> str:
@@ -125,8 +173,12 @@ class Waiter:
         self.interval = min(self.ceiling(), self.interval * float(setting("POLL_FACTOR")))
         deadline = time.monotonic() + interval
         with _changed:
-            while not (notified := self._notified()):
-                left = deadline - time.monotonic()
+            while True:
+                now = time.monotonic()
+                following = _ring(self.keys, now)  # (a timer due rings as a change would)
+                if notified := self._notified():
+                    break
+                left = min(deadline, following) - now
                 if left <= 0:
                     break
                 if not self.files:

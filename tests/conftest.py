@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-pytest_plugins = ["tests.selection", "tests.clock"]
+pytest_plugins = ["tests.selection", "tests.clock", "tests.flushing"]
 
 
 def _child(target: Callable[..., Any], args: Sequence[Any], queue: Any, barrier: Any) -> None:

@@ -158,3 +158,24 @@ def plain(kind: str, name: str) -> str:
     """No option at all: the tests give them per call."""
     log(kind, name)
     return name
+
+
+# A queue's running limit (tests/test_task_queue_limits.py) ---------------------------------
+
+
+@task
+def napping(name: str) -> str:
+    """A start and an end, 0.2 s apart: how many ran at once is counted from them."""
+    log("nap", name, "start")
+    time.sleep(0.2)
+    log("nap", name)
+    return name
+
+
+@task(key=lambda name: f"k{int(name) % 4}")
+def napping_keyed(name: str) -> str:
+    """:func:`napping`, in the queue's keyed tube (four keys)."""
+    log("nap", name, "start")
+    time.sleep(0.2)
+    log("nap", name)
+    return name

@@ -73,6 +73,9 @@ ONE_DJANGO_LINE: dict[str, str] = {
     "tests/test_lockable.py::test_eight_processes_claim_every_row_exactly_once": "a race",
     "tests/test_tubes.py::test_eight_consumers_ack_every_task_once_and_never_share_a_sub_queue": "a race",
     "tests/test_tube_limits.py::test_six_processes_never_hold_more_than_the_limit": "a race",
+    "tests/test_tube_rates.py::test_six_processes_never_take_more_than_the_rate": "a race",
+    "tests/test_key_limits.py::test_six_processes_never_hold_more_than_the_key_limit": "a race",
+    "tests/test_key_limits.py::test_six_processes_never_take_more_than_the_key_rate": "a race",
     "tests/test_schedules.py::test_racing_processes_claim_each_tick_exactly_once": "a race",
     "tests/test_schedules.py::test_every_tick_runs_once_across_processes_and_hosts": "a race",
     "tests/test_schedules.py::test_a_periodic_run_whose_worker_is_killed_runs_again_and_its_tick_once": "kill -9",
@@ -93,6 +96,7 @@ WORKER_PROCESSES: dict[str, str] = {
     "tests/test_async_backend.py": "async tasks in workers",
     "tests/test_reload.py": "workers reloading on a code change",
     "tests/test_progress.py::test_a_worker_shows_progress_renews_the_lease_and_drops_it_at_the_end": "",
+    "tests/test_task_queue_limits.py::test_a_queue_s_limit_holds_across_worker_processes": "",
 }
 
 _SAID: list[str] = []

@@ -179,6 +179,28 @@ def test_a_tube_s_running_limit_through_the_admin(boss):
     assert Tube.objects.get(pk=tube.pk).running_limit is None
 
 
+def test_a_tube_s_rate_through_the_admin(boss):
+    """One field, written as the code writes it (``100/m``); a rate that does not read is
+    refused with its reason and makes nothing."""
+    from django_taskloop.validation import Rate
+
+    add = reverse("admin:django_taskloop_tube_add")
+    refused = boss.post(add, {"name": "none", "type": "fifo", "rate": "fast"})
+    assert refused.status_code == 200 and not Tube.objects.filter(name="none").exists()
+    assert "count per period" in refused.content.decode()
+    assert boss.post(add, {"name": "api", "type": "fifo", "rate": "100/m"}).status_code == 302
+    tube = Tube.objects.get(name="api")
+    assert tube.rate == Rate(100, 60)
+    listed = boss.get(reverse("admin:django_taskloop_tube_changelist")).content.decode()
+    assert '<td class="field-rate_text">100/m</td>' in listed, listed
+    change = reverse("admin:django_taskloop_tube_change", args=[tube.pk])
+    assert 'value="100/m"' in boss.get(change).content.decode()
+    assert boss.post(change, {"rate": "10/5s"}).status_code == 302
+    assert Tube.objects.get(pk=tube.pk).rate == Rate(10, 5)
+    assert boss.post(change, {"rate": ""}).status_code == 302
+    assert Tube.objects.get(pk=tube.pk).rate is None
+
+
 def test_no_add_or_bulk_delete_of_tasks(boss, tube):
     assert boss.get(reverse("admin:django_taskloop_task_add")).status_code == 403
     page = boss.get(reverse(LIST)).content.decode()

@@ -280,3 +280,104 @@ def test_a_tube_s_limit_holds_across_processes_and_slots() -> None:
     print(
         f"\n60 tasks of 0.3 s, limit 5: {last - first:.2f} s from first start to last end (5 ideal slots: 3.6 s)"
     )
+
+
+def test_a_tube_s_key_limit_holds_across_processes_and_slots() -> None:
+    """``@tube(type="utubettl", key_limit=2)`` (issue 44 §2, per key): two processes of four
+    slots each never run more than two tasks of one key at once, and run two of each key while
+    it has work; a key's tasks start in order (a pair claimed together in either order)."""
+    tube = Tube.objects.create_tube("w-key-limited", "utubettl", ttr=30)  # (the worker sets 2)
+    ids = {key: [tube.put({"sleep": 0.3}, utube=key).id for _ in range(10)] for key in ("a", "b")}
+    done = run_fast("--burst", "--only", "w-key-limited", "--processes", "2", "--concurrency", "4")
+    assert done.returncode == 0, done.stderr
+    assert Tube.objects.get(pk=tube.pk).key_limit == 2
+    rows = records("key-limited")
+    assert ends("key-limited") == Counter({f"{k}:{i}": 1 for k, mine in ids.items() for i in mine}), (
+        done.stderr
+    )
+    for key, mine in ids.items():
+        of_key = [row for row in rows if row[0].startswith(f"{key}:")]
+        assert most_at_once(of_key) == 2, (key, of_key)
+        started = [
+            int(k.split(":")[1])
+            for k, phase, _at in sorted(of_key, key=lambda row: row[2])
+            if phase == "start"
+        ]
+        # In order: two claimed at once may start in either order in their two slots.
+        assert all(abs(started.index(i) - at) <= 1 for at, i in enumerate(mine)), (started, mine)
+    assert most_at_once(rows) == 4, rows  # two keys of two: the other four slots wait
+
+
+def test_a_tube_s_key_rate_holds_across_processes_and_slots() -> None:
+    """``@tube(type="utubettl", key_rate="5/s")`` (issue 44 §2, per key): two processes of
+    four slots each never start more than five tasks of one key in any second (counted from the
+    handlers' own start records), and start near five of each key a second while it has work.
+    ``RATE_MARGIN`` 0.5 s: at the default 50 ms a loaded machine gives back a task or two a
+    window (started too late after its claim), and five a window leave no room for that."""
+    from tests.test_tube_rates import most_in_a_window
+
+    tube = Tube.objects.create_tube("w-key-paced", "utubettl", ttr=30)  # (the worker sets 5/s)
+    ids = {key: [tube.put({"sleep": 0.05}, utube=key).id for _ in range(12)] for key in ("a", "b")}
+    done = run_workers(
+        "--burst",
+        "--only",
+        "w-key-paced",
+        "--processes",
+        "2",
+        "--concurrency",
+        "4",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST[:-1] + ', "RATE_MARGIN": 0.5}',
+    )
+    assert done.returncode == 0, done.stderr
+    assert str(Tube.objects.get(pk=tube.pk).key_rate) == "5/s"
+    assert ends("key-paced") == Counter({f"{k}:{i}": 1 for k, mine in ids.items() for i in mine}), done.stderr
+    rows = records("key-paced")
+    most = {
+        key: most_in_a_window(
+            [at for k, phase, at in rows if phase == "start" and k.startswith(f"{key}:")], 1.0
+        )
+        for key in ids
+    }
+    print(f"\n2 keys x 12 tasks, key rate 5/s: most of a key started in any 1 s {most}")
+    assert max(most.values()) <= 5
+    # Near the rate, or the test shows nothing.
+    given_back = done.stderr.count("could not start within RATE_MARGIN")
+    assert min(most.values()) >= 4, f"the key rate was never approached ({given_back} given back late)"
+    assert len({pid for pid in WorkLog.objects.filter(kind="key-paced").values_list("pid", flat=True)}) >= 2
+
+
+def test_a_tube_s_rate_holds_across_processes_and_slots() -> None:
+    """``@tube(rate="20/s")`` (issue 44 §2): four processes of four slots each never start
+    more than 20 of its tasks in any second (counted from the handlers' own start records), and
+    start 20 in each window while there is work. At the default ``RATE_MARGIN``: a task that
+    a loaded machine could not start within it of its claim is given back, not started late."""
+    from tests.test_tube_rates import most_in_a_window
+
+    tube = Tube.objects.create_tube("w-paced", "fifottl", ttr=30)
+    ids = [task.id for task in tube.put_many([{"sleep": 0.05}] * 100)]
+    done = run_workers(
+        "--burst",
+        "--only",
+        "w-paced",
+        "--processes",
+        "4",
+        "--concurrency",
+        "4",
+        DJANGO_SETTINGS_MODULE="tests.workers_settings",
+        TASKLOOP_OVERRIDES=FAST,
+    )
+    assert done.returncode == 0, done.stderr
+    assert ends("paced") == Counter({str(i): 1 for i in ids}), done.stderr
+    starts = [at for _k, phase, at in records("paced") if phase == "start"]
+    assert len(starts) == 100
+    most = most_in_a_window(starts, 1.0)
+    span = max(starts) - min(starts)
+    print(
+        f"\n100 tasks, rate 20/s: most started in any 1 s {most}; first to last start {span:.2f} s (ideal 4.2)"
+    )
+    assert most <= 20, sorted(starts)
+    # Near the rate, or the test shows nothing (a task that could not start within
+    # RATE_MARGIN of its claim is given back: on a loaded machine a window may fall short).
+    assert most >= 15, "the rate was never approached: the test shows nothing"
+    assert len({pid for pid in WorkLog.objects.filter(kind="paced").values_list("pid", flat=True)}) >= 2

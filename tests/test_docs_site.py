@@ -150,6 +150,10 @@ def test_every_python_example_of_the_operating_page_runs(tmp_path):
         "concurrency",
         "limits",
         "set_limit",
+        "rates",
+        "set_rate",
+        "task_limits",
+        "key_limits",
         "urls",
         "sqlite",
         "shards",
@@ -194,3 +198,22 @@ def test_every_python_example_of_the_operating_page_runs(tmp_path):
     assert registry.pop("charges").limit == 5
     assert ran["limits"]["charge"].limit == 5
     assert Tube.objects.get(name="reports").running_limit is None
+    # ... and the one with a rate, with it; the tube's own rate set and lifted.
+    assert str(registry.pop("newsletter").rate) == "100/m"
+    assert str(ran["rates"]["send"].rate) == "100/m"
+    geocode = Tube.objects.get(name="geocode")
+    assert geocode.rate is None and geocode.running_limit == 10
+    # ... and the one with a key limit, with it; the tube's own set and lifted.
+    assert registry.pop("syncs").key_limit == 3
+    assert str(registry.pop("callbacks").key_rate) == "60/m"
+    accounts = Tube.objects.get(name="accounts")
+    assert accounts.key_limit is None and accounts.key_rate is None
+    # The Django Tasks queue's limits, read by the backend they name.
+    from django_taskloop.compat import TASKS_AVAILABLE
+
+    if TASKS_AVAILABLE:
+        from django_taskloop.backends.backend import TaskloopBackend
+        from django_taskloop.validation import Rate
+
+        params = ran["task_limits"]["TASKS"]["default"]
+        assert TaskloopBackend("default", params).queue_limits() == {"emails": (5, Rate(100, 60))}

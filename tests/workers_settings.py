@@ -15,3 +15,19 @@ if os.environ.get("TASKLOOP_TEST_SQLITE_TIMEOUT") and "sqlite" in DATABASES["def
         **DATABASES["default"].get("OPTIONS", {}),  # noqa: F405
         "timeout": float(os.environ["TASKLOOP_TEST_SQLITE_TIMEOUT"]),
     }
+
+# The Django Tasks backend's OPTIONS, added to as JSON in TASKLOOP_TASKS_OPTIONS (a queue's
+# LIMITS or RATES: tests/test_task_queue_limits.py).
+if os.environ.get("TASKLOOP_TASKS_OPTIONS"):
+    from tests.settings import TASKS
+
+    TASKS = {
+        **TASKS,
+        "default": {
+            **TASKS["default"],
+            "OPTIONS": {
+                **TASKS["default"].get("OPTIONS", {}),
+                **json.loads(os.environ["TASKLOOP_TASKS_OPTIONS"]),
+            },
+        },
+    }

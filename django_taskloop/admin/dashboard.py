@@ -292,6 +292,15 @@ def _queue_row(summary: QueueSummary, card: dict[str, Any], processed: Any) -> d
         for state, (count, exact) in summary.depth().items()
         if count
     ]
+    if summary.rate is not None:
+        # A tube's rate, with what its window holds: "rate 12 of 60/s".
+        chips.append((str(_("rate")), f"{summary.started or 0:,} of {summary.rate}", "rate"))
+    for by_key in (summary.key_limit, summary.key_rate):
+        if by_key is not None:
+            # A utube's key limit and key rate: "per key 3", "per key 10/m".
+            chips.append(
+                (str(_("per key")), f"{by_key:,}" if isinstance(by_key, int) else str(by_key), "rate")
+            )
     done, _failed = _processed(summary, processed)
     good = FAILED_FOR_GOOD.get(summary.kind)
     # A Django Tasks queue's failed for good: its FAILED results, a click away.

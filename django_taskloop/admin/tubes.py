@@ -42,6 +42,7 @@ from ..models.tubes import (
 )
 from ..queues import Queue
 from ..stats import TASKS_TUBE_PREFIXES, django_tasks_queue, tube_summary
+from ..validation import check_key_limit, check_key_rate, check_rate
 from .base import (
     ModelForm,
     QueueRowsAdmin,
@@ -432,12 +433,83 @@ def tube_overview(tube: Tube, exact: bool = False) -> dict[str, Any]:
     return {"statistics": stats, "exact": counted, "first_ttr": first_deadline, "now": engine.db_now(using)}
 
 
+class TubeForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A tube's options, its rate and key rate written as ``100/m`` (one field for each rate's
+    two columns)."""
+
+    rate = forms.CharField(
+        required=False,
+        max_length=40,
+        help_text=_(
+            "At most this many of its tasks started per period, by every worker together: "
+            "100/m, 60/s, 10/5s (units s, m, h, d); empty: no rate. See Tube.set_rate."
+        ),
+    )
+    key_rate = forms.CharField(
+        required=False,
+        max_length=40,
+        help_text=_(
+            "utube and utubettl: at most this many of one key's tasks started per period, by every "
+            "worker together, written as the rate; empty: no key rate. See Tube.set_key_rate."
+        ),
+    )
+
+    class Meta:
+        model = Tube
+        # Every editable option but the rate's two columns, which the rate field writes.
+        fields = ("name", "type", "ttl", "ttr", "pri", "running_limit", "key_limit")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in ("rate", "key_rate"):
+            if getattr(self.instance, name) is not None:
+                self.initial[name] = str(getattr(self.instance, name))
+
+    def clean_rate(self) -> Any:
+        try:
+            return check_rate(self.cleaned_data.get("rate") or None, "rate")
+        except (TypeError, ValueError) as error:
+            raise forms.ValidationError(str(error)) from error
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        kind = self.instance.type if self.instance.pk else cleaned.get("type")
+        for name, check in (("key_limit", check_key_limit), ("key_rate", check_key_rate)):
+            if kind and name in cleaned:
+                try:
+                    # (The key rate's field is text: empty is none.)
+                    cleaned[name] = check(cleaned[name] if cleaned[name] != "" else None, kind)
+                except (TypeError, ValueError) as error:
+                    self.add_error(name, str(error))
+        return cleaned
+
+    def save(self, commit: bool = True) -> Any:
+        rate, key_rate = self.cleaned_data.get("rate"), self.cleaned_data.get("key_rate")
+        self.instance.rate_count, self.instance.rate_period = (None, None) if rate is None else rate
+        self.instance.key_rate_count, self.instance.key_rate_period = (
+            (None, None) if key_rate is None else key_rate
+        )
+        return super().save(commit)
+
+
 class TubeAdmin(QueueRowsAdmin):
     """Tubes, their options and a statistics page each."""
 
     noun = "tube"
+    form = TubeForm
 
-    list_display = ("tube_name", "running", "type", "ttl", "ttr", "pri", "limit", "links", "created_at")
+    list_display = (
+        "tube_name",
+        "running",
+        "type",
+        "ttl",
+        "ttr",
+        "pri",
+        "limit",
+        "rate_text",
+        "links",
+        "created_at",
+    )
     list_filter = (TubeUseFilter, "type")
     search_fields = ("name",)
     ordering = ("name",)
@@ -452,9 +524,17 @@ class TubeAdmin(QueueRowsAdmin):
         return when_cell(obj.created, self.now())
 
     @admin.display(description=_("limit"), ordering="running_limit", empty_value="-")
-    def limit(self, obj: Tube) -> int | None:
-        """Its running limit: at most this many taken at once, every worker together."""
-        return obj.running_limit
+    def limit(self, obj: Tube) -> Any:
+        """Its running limit: at most this many taken at once, every worker together; and a
+        utube's key limit beside it (``5; 3 per key``, ``-; 3 per key``)."""
+        if obj.key_limit is None:
+            return obj.running_limit
+        return _("%(limit)s; %(n)s per key") % {"limit": obj.running_limit or "-", "n": obj.key_limit}
+
+    @admin.display(description=_("rate"), ordering="rate_count", empty_value="-")
+    def rate_text(self, obj: Tube) -> str | None:
+        """Its rate: at most this many started per period, every worker together (``100/m``)."""
+        return None if obj.rate is None else str(obj.rate)
 
     @admin.action(description=_("Pause: workers take nothing from it"), permissions=["change"])
     def pause_tubes(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
@@ -475,7 +555,15 @@ class TubeAdmin(QueueRowsAdmin):
             super().save_model(request, obj, form, change)
             return
         tube = Tube.objects.db_manager(router.db_for_write(Tube)).create_tube(
-            obj.name, obj.type, ttl=obj.ttl, ttr=obj.ttr, pri=obj.pri, limit=obj.running_limit
+            obj.name,
+            obj.type,
+            ttl=obj.ttl,
+            ttr=obj.ttr,
+            pri=obj.pri,
+            limit=obj.running_limit,
+            rate=obj.rate,
+            key_limit=obj.key_limit,
+            key_rate=obj.key_rate,
         )
         obj.pk, obj.created, obj._state = tube.pk, tube.created, tube._state
 

@@ -16,6 +16,7 @@ from .. import shards
 from ..compat import TASKS_AVAILABLE, BaseTaskBackend, DjangoTask, DjangoTaskResult, task_backends
 from ..models import Task as TubeTask
 from ..task_options import TaskloopTask
+from ..validation import Rate, check_count, check_rate
 from .enqueue import CHECKED, Enqueuer, check_task
 from .execute import TaskRunner
 from .results import Results
@@ -78,11 +79,70 @@ if TASKS_AVAILABLE:
                 _ = self.databases
             except (TypeError, ValueError) as problem:
                 yield checks.Error(f"TASKS[{self.alias!r}]: {problem}", id="taskloop.E004")
+            try:
+                _ = self.queue_limits(), self.queue_key_limits(), self.queue_key_rates()
+            except (TypeError, ValueError) as problem:
+                yield checks.Error(f"TASKS[{self.alias!r}]: {problem}", id="taskloop.E006")
 
         @property
         def databases(self) -> list[str] | None:
             """The shards of this backend's queues (``OPTIONS["DATABASES"]``), or ``None``."""
             return shards.backend_databases(self.options.get("DATABASES"))
+
+        def queue_limits(self) -> dict[str, tuple[int | None, Rate | None]]:
+            """Each queue's running limit and rate (``OPTIONS["LIMITS"]``, ``OPTIONS["RATES"]``:
+            queue name → a count of at least 1, or a rate such as ``"100/m"``), for the queues
+            that have either. Its plain and keyed tasks count together. Raises
+            ``TypeError``/``ValueError`` naming the entry (the check ``taskloop.E006``)."""
+            given = {key: self._by_queue(key) for key in ("LIMITS", "RATES")}
+            limits = {
+                queue: check_count(limit, f'OPTIONS["LIMITS"][{queue!r}]', minimum=1)
+                for queue, limit in given["LIMITS"].items()
+                if limit is not None
+            }
+            rates = {
+                queue: check_rate(rate, f'OPTIONS["RATES"][{queue!r}]')
+                for queue, rate in given["RATES"].items()
+            }
+            return {
+                queue: (limits.get(queue), rates.get(queue))
+                for queue in sorted({*limits, *rates})
+                if limits.get(queue) is not None or rates.get(queue) is not None
+            }
+
+        def queue_key_limits(self) -> dict[str, int]:
+            """Each queue's key limit (``OPTIONS["KEY_LIMITS"]``: queue name → a count of at
+            least 1): at most that many of its tasks enqueued with one key run at once (on the
+            queue's keyed tube: ``Tube.set_key_limit``; 1 or none: one at a time), for the
+            queues that have one above 1. Raises ``TypeError``/``ValueError`` naming the entry
+            (the check ``taskloop.E006``)."""
+            return {
+                queue: limit
+                for queue, limit in self._by_queue("KEY_LIMITS").items()
+                if limit is not None
+                and check_count(limit, f'OPTIONS["KEY_LIMITS"][{queue!r}]', minimum=1) > 1
+            }
+
+        def queue_key_rates(self) -> dict[str, Rate]:
+            """Each queue's key rate (``OPTIONS["KEY_RATES"]``: queue name → a rate such as
+            ``"10/m"``): at most that many of its tasks enqueued with one key started per period
+            (on the queue's keyed tube: ``Tube.set_key_rate``), for the queues that have one.
+            Raises ``TypeError``/``ValueError`` naming the entry (the check ``taskloop.E006``)."""
+            rates = {
+                queue: check_rate(rate, f'OPTIONS["KEY_RATES"][{queue!r}]')
+                for queue, rate in self._by_queue("KEY_RATES").items()
+            }
+            return {queue: rate for queue, rate in rates.items() if rate is not None}
+
+        def _by_queue(self, key: str) -> dict[str, Any]:
+            """``OPTIONS[key]``: a dict whose keys are among the backend's QUEUES ({} unset)."""
+            entries = self.options.get(key) or {}
+            if not isinstance(entries, dict):
+                raise TypeError(f'OPTIONS["{key}"] must be a dict of queue names, not {entries!r}')
+            for queue in entries:
+                if queue not in self.queues:
+                    raise ValueError(f'OPTIONS["{key}"] names {queue!r}, not one of the QUEUES')
+            return entries
 
         def validate_task(self, task: DjangoTask) -> None:
             # Django's checks read only the task's fields and this backend's features and

@@ -22,8 +22,19 @@ def task_handlers() -> list[Handler]:
     """Return a tube handler for every queue of every ``TaskloopBackend`` in ``TASKS``."""
     handlers = []
     for backend in taskloop_backends():
+        limits, key_limits, key_rates = (
+            backend.queue_limits(),
+            backend.queue_key_limits(),
+            backend.queue_key_rates(),
+        )
         for queue in sorted(backend.queues):
-            for name, kind in ((tube_name(queue), "fifottl"), (keyed_tube_name(queue), "utubettl")):
+            # OPTIONS["LIMITS"]/["RATES"]: set on both of its tubes, which count together;
+            # OPTIONS["KEY_LIMITS"]/["KEY_RATES"] on its keyed tube.
+            limit, rate = limits.get(queue, (None, None))
+            for name, kind, key_limit, key_rate in (
+                (tube_name(queue), "fifottl", None, None),
+                (keyed_tube_name(queue), "utubettl", key_limits.get(queue), key_rates.get(queue)),
+            ):
                 handlers.append(
                     Handler(
                         "tube",
@@ -36,6 +47,10 @@ def task_handlers() -> list[Handler]:
                         lease=60,
                         create={"type": kind},
                         builtin=True,
+                        limit=limit,
+                        rate=rate,
+                        key_limit=key_limit,
+                        key_rate=key_rate,
                         queue=queue,
                         shards=tuple(backend.databases or ()),
                     )

@@ -49,7 +49,16 @@ from ..runtime import event_loop as event_loop
 from ..runtime import inside_user_code as inside_user_code
 from ..shards import ShardedTube, databases_of, is_sharded
 from ..shards import open_tube as opened
-from ..validation import check_count, check_handler, check_name, check_seconds
+from ..validation import (
+    Rate,
+    check_count,
+    check_handler,
+    check_key_limit,
+    check_key_rate,
+    check_name,
+    check_rate,
+    check_seconds,
+)
 
 logger = logging.getLogger("django_taskloop.workers")
 
@@ -97,8 +106,18 @@ class Handler:
     concurrency: int | None = None
     #: Tubes: at most this many of its tasks taken at once by every worker together, set on the
     #: tube (``Tube.set_limit``) when a worker starts; ``None``: no limit (a limit set before
-    #: is lifted). Built-in handlers leave the tube's as it is.
+    #: is lifted). Built-in handlers leave the tube's as it is, but a Django Tasks queue's
+    #: (its backend's ``OPTIONS["LIMITS"]``).
     limit: int | None = None
+    #: Tubes: at most this many of its tasks started per period by every worker together
+    #: (``Tube.set_rate``), set on the tube when a worker starts; ``None``: no rate.
+    rate: Rate | None = None
+    #: utube tubes: at most this many tasks of one key taken at once by every worker together
+    #: (``Tube.set_key_limit``), set on the tube when a worker starts; ``None``: one at a time.
+    key_limit: int | None = None
+    #: utube tubes: at most this many tasks of one key started per period by every worker
+    #: together (``Tube.set_key_rate``), set on the tube when a worker starts; ``None``: none.
+    key_rate: Rate | None = None
     #: Lease taken on each item: the loop's ``lock_for``, the job claim's expiry, the tube's
     #: ttr (which the heartbeat keeps from running out).
     lease: float = 600.0
@@ -143,11 +162,45 @@ class Handler:
         limits = setting("LIMITS")
         return limits[self.name] if self.name in limits else self.limit
 
+    @property
+    def start_rate(self) -> Rate | None:
+        """The tube's rate this handler asks for: ``TASKLOOP["RATES"]``'s entry for its name
+        when there is one (``None`` there: no rate), else the decorator's ``rate``."""
+        rates = setting("RATES")
+        return check_rate(rates[self.name], "rate") if self.name in rates else self.rate
+
+    @property
+    def per_key_limit(self) -> int | None:
+        """The tube's key limit this handler asks for: ``TASKLOOP["KEY_LIMITS"]``'s entry for
+        its name when there is one (``None`` there: one at a time), else the decorator's
+        ``key_limit``; 1 reads ``None``."""
+        limits = setting("KEY_LIMITS")
+        limit = limits[self.name] if self.name in limits else self.key_limit
+        return None if limit == 1 else limit
+
+    @property
+    def per_key_rate(self) -> Rate | None:
+        """The tube's key rate this handler asks for: ``TASKLOOP["KEY_RATES"]``'s entry for
+        its name when there is one (``None`` there: none), else the decorator's ``key_rate``."""
+        rates = setting("KEY_RATES")
+        return check_rate(rates[self.name], "key_rate") if self.name in rates else self.key_rate
+
     def tube_options(self) -> dict[str, Any]:
         """``create_tube``'s options for this ``@tube`` handler's tube: the decorator's, with the
-        running limit :attr:`running_limit` says."""
-        limit = self.running_limit
-        return dict(self.create) if limit is None else {**self.create, "limit": limit}
+        running limit :attr:`running_limit`, the rate :attr:`start_rate` and the key limit
+        :attr:`per_key_limit` say."""
+        options = dict(self.create)
+        keyed = str(options.get("type")).startswith("utube")
+        for option, value in (
+            ("limit", self.running_limit),
+            ("rate", self.start_rate),
+            # (A tube without keys has none: the worker's start says so.)
+            ("key_limit", self.per_key_limit if keyed else None),
+            ("key_rate", self.per_key_rate if keyed else None),
+        ):
+            if value is not None:
+                options[option] = value
+        return options
 
     # Putting from any process (a view, a script): @tube handlers only. -----------------------
 
@@ -317,6 +370,18 @@ def loop(
     return decorate
 
 
+def _tube_create(type: str, ttl: Any, ttr: Any, pri: Any) -> dict[str, Any]:  # noqa: A002
+    """``create_tube``'s options of an ``@tube`` handler, checked (``type`` and those given)."""
+    if type not in ("fifo", "fifottl", "utube", "utubettl"):
+        raise ValueError(f"type must be 'fifo', 'fifottl', 'utube' or 'utubettl', not {type!r}")
+    ttl = check_seconds(ttl, "ttl", allow_none=True, positive=True)
+    ttr = check_seconds(ttr, "ttr", allow_none=True, positive=True)
+    if pri is not None and (isinstance(pri, bool) or not isinstance(pri, int)):
+        raise TypeError(f"pri must be an int or None, not {builtins.type(pri).__name__}")
+    given = {"ttl": ttl, "ttr": ttr, "pri": pri}
+    return {"type": type, **{key: value for key, value in given.items() if value is not None}}
+
+
 def tube(
     name: str,
     *,
@@ -328,6 +393,9 @@ def tube(
     batch_time: float | None = None,
     concurrency: int | None = None,
     limit: int | None = None,
+    rate: Any = None,
+    key_limit: int | None = None,
+    key_rate: Any = None,
 ) -> Callable[[Callable[[Any], Any]], Handler]:
     """Register the decorated function to be called with each task taken from tube ``name``.
 
@@ -341,22 +409,25 @@ def tube(
     ``limit``: at most that many of the tube's tasks run at once, by every worker process on
     every host together (the database counts them: ``Tube.set_limit``). A worker sets it on
     the tube when it starts; without ``limit`` it lifts one set before.
+
+    ``rate``: at most that many of the tube's tasks started per period, by every worker
+    together: ``"100/m"``, ``"60/s"``, ``"10/5s"`` or a ``(count, seconds)`` pair
+    (``Tube.set_rate``); set on the tube as ``limit`` is. A worker claims a rate-limited tube's
+    tasks only for its free slots, and starts each at once.
+
+    ``key_limit`` (``type`` utube or utubettl): at most that many tasks of one key run at
+    once, by every worker together (``Tube.set_key_limit``; without it, one at a time); set
+    on the tube as ``limit`` is. ``key_rate`` (utube types): at most that many of one key's
+    tasks started per period (``"10/m"``: ``Tube.set_key_rate``), set as ``rate`` is.
     """
     name = check_name(name, "name")
     batch = check_count(batch, "batch", minimum=1)
-    if type not in ("fifo", "fifottl", "utube", "utubettl"):
-        raise ValueError(f"type must be 'fifo', 'fifottl', 'utube' or 'utubettl', not {type!r}")
-    ttl = check_seconds(ttl, "ttl", allow_none=True, positive=True)
-    ttr = check_seconds(ttr, "ttr", allow_none=True, positive=True)
-    if pri is not None and (isinstance(pri, bool) or not isinstance(pri, int)):
-        raise TypeError(f"pri must be an int or None, not {builtins.type(pri).__name__}")
+    create = _tube_create(type, ttl, ttr, pri)
     batch_time = check_seconds(batch_time, "batch_time", allow_none=True, non_negative=True)
     concurrency = _check_concurrency(concurrency)
     limit = None if limit is None else check_count(limit, "limit", minimum=1)
-    create: dict[str, Any] = {"type": type}
-    for key, value in (("ttl", ttl), ("ttr", ttr), ("pri", pri)):
-        if value is not None:
-            create[key] = value
+    checked_rate = check_rate(rate, "rate")
+    key_limit, checked_key_rate = check_key_limit(key_limit, type), check_key_rate(key_rate, type)
 
     def decorate(func: Callable[[Any], Any]) -> Handler:
         return _register(
@@ -369,7 +440,10 @@ def tube(
                 batch_time=batch_time,
                 concurrency=concurrency,
                 limit=limit,
-                lease=ttr or ttl or 60.0,
+                rate=checked_rate,
+                key_limit=key_limit,
+                key_rate=checked_key_rate,
+                lease=create.get("ttr") or create.get("ttl") or 60.0,
                 create=create,
             )
         )

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 from django.db import DatabaseError
 
+from .. import wakeup
 from ..backends import result_id_of, task_path_of
 from ..conf import setting
 from ..engine.deadline import bounded
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from ..models.boards import Job, JobBoard
     from ..models.loops import TaskLoop, TaskLoopManager
     from ..models.tubes import Task, Tube
+    from ..validation import Rate
 
 #: What one driver hands the worker: a tube's Task, a board's Job, a loop's id.
 Item = TypeVar("Item")
@@ -143,6 +145,21 @@ class Driver(Generic[Item]):
         """Whether the queue has a running limit (a tube's ``set_limit``): finishing an item
         frees a slot that any worker may take next."""
         return False
+
+    #: Whether the queue has a rate (a tube's ``set_rate``): the worker claims only for its
+    #: free slots and starts what it claims at once (the rate counts a task at its claim). An
+    #: attribute, not a property: the batch loop reads it, and the hot path's budget counts
+    #: calls.
+    paced: bool = False
+
+    def paced_until(self) -> float | None:
+        """When the queue's rate lets this process's next take claim again
+        (``time.monotonic()``), if a take found it used up; else ``None``."""
+        return None
+
+    def claim_sent_at(self) -> float | None:
+        """A queue with a rate: when its last claim began (``time.monotonic()``)."""
+        return None
 
     @property
     def using(self) -> str:
@@ -320,13 +337,54 @@ class TubeDriver(Driver["Task"]):
         # A tube made elsewhere with other options is served as it is, with a warning.
         handler = self.handler
         self.tube = open_tube(handler.target, handler.tube_options(), using=handler.database)
-        if not handler.builtin and self.tube.running_limit != handler.running_limit:
+        # Built-in handlers leave the tube's as it is, but a Django Tasks queue's, which are
+        # declared in its backend's OPTIONS.
+        declared = not handler.builtin or handler.queue is not None
+        if declared and self.tube.running_limit != handler.running_limit:
             # The handler's limit (TASKLOOP["LIMITS"], else its decorator's; none: none).
             self.tube.set_limit(handler.running_limit)
+        if declared and self.tube.rate != handler.start_rate:
+            # Its rate, as its limit (TASKLOOP["RATES"], else the decorator's).
+            self.tube.set_rate(handler.start_rate)
+        if declared:
+            self._set_by_key(handler.per_key_limit, handler.per_key_rate)
+        self.paced = self.tube.rate_count is not None or self.tube.key_rate_count is not None
+
+    def _set_by_key(self, key_limit: int | None, key_rate: Rate | None) -> None:
+        """The handler's key limit and key rate, as its limit (``TASKLOOP["KEY_LIMITS"]`` and
+        ``["KEY_RATES"]``, else the decorator's); a tube without keys is left as it is, said."""
+        tube = self.tube
+        keyed = str(tube.type).startswith("utube")
+        if tube.key_limit != key_limit:
+            if keyed:
+                tube.set_key_limit(key_limit)
+            else:
+                self._no_keys("key limit", key_limit)
+        if tube.key_rate != key_rate:
+            if keyed:
+                tube.set_key_rate(key_rate)
+            else:
+                self._no_keys("key rate", key_rate)
+
+    def _no_keys(self, what: str, wanted: Any) -> None:
+        logger.warning(
+            "tube %r is %s: its tasks have no keys, so its %s of %s is left unset",
+            self.tube.name,
+            self.tube.type,
+            what,
+            wanted,
+        )
 
     @property
     def limited(self) -> bool:
         return self._tube is not None and self._tube.running_limit is not None
+
+    def paced_until(self) -> float | None:
+        tube = self._tube
+        return None if tube is None else wakeup.woken_at(tube.using, tube.pk)
+
+    def claim_sent_at(self) -> float | None:
+        return None if self._tube is None else self._tube.claim_sent_at
 
     def _ttl_type(self) -> bool:
         return str(self.tube.type).endswith("ttl")
@@ -334,7 +392,11 @@ class TubeDriver(Driver["Task"]):
     def claim(self, limit: int, checked: bool = False) -> list[Task]:
         """Take up to ``limit`` tasks; ``checked``: a worth_trying() read just found the tube
         not paused and nothing due (the take skips those looks)."""
-        return self.tube.take_many(limit, consumer=self.identity, checked=checked, cursor=self.cursor)
+        taken = self.tube.take_many(limit, consumer=self.identity, checked=checked, cursor=self.cursor)
+        # (A take of a limited tube reads its rate afresh: lifted meanwhile, no longer paced.)
+        tube = self._tube
+        self.paced = tube is not None and (tube.rate_count is not None or tube.key_rate_count is not None)
+        return taken
 
     def wait_one(self, timeout: float, stop: Callable[[], bool] | None = None) -> list[Task]:
         """Wait up to ``timeout`` seconds for one task (less if ``stop()`` says so); ``take``

@@ -83,6 +83,9 @@ class BatchRunner:
         handler = driver.handler
         target = self._batch_time(driver)
         slots = self.slots_of(driver)
+        if driver.paced:
+            # A rate counts a task when it is claimed: claim what starts at once.
+            return slots
         if slots > 1:
             # One process's rule per slot, at most the batch or the slots, whichever is more.
             most = max(handler.batch, slots)
@@ -104,6 +107,8 @@ class BatchRunner:
         """How many of ``driver``'s items one slot gets in a claim (``--concurrency``): what fits
         ``batch_time`` of one item's own measured time, at least one (one before anything is
         measured; the handler's ``batch`` shared out among its slots when ``batch_time`` is 0)."""
+        if driver.paced:
+            return 1  # (see batch_size)
         target = self._batch_time(driver)
         if target <= 0:
             return max(1, driver.handler.batch // self.slots_of(driver))
@@ -149,12 +154,15 @@ class BatchRunner:
                 self._end(batch)
             return len(batch.items)
         sure_until, shift, monotonic = self.holdings.sure_until, clock_shift, time.monotonic
+        paced = driver.paced
         try:
             while (item := self.holdings.next_to_start(driver, self.stop)) is not None:
                 # local_clock(), without a call per item (the hot path's budget counts them).
                 if monotonic() + shift.seconds >= sure_until.get(driver, 0.0) and not self._still_held(
                     batch, item
                 ):
+                    continue
+                if paced and self._late_for_the_rate(driver, item):
                     continue
                 self._run_item(batch, item)
         except StopNow:
@@ -184,6 +192,25 @@ class BatchRunner:
             driver.describe(item),
         )
         return False
+
+    def _late_for_the_rate(self, driver: AnyDriver, item: Any) -> bool:
+        """Say whether ``item`` of a queue with a rate comes too late to start: its claim began
+        more than ``RATE_MARGIN`` seconds ago (a commit that hung; a machine too busy to run
+        the thread). The rate counted it at its claim, so a late start could put more starts
+        in one period than the rate allows: it is not started, and goes back with the batch's
+        end (to run at a later claim)."""
+        sent, margin = driver.claim_sent_at(), float(setting("RATE_MARGIN"))
+        late = 0.0 if sent is None else time.monotonic() - sent
+        if late <= margin or not margin:  # (0: the period alone, whatever the delay)
+            return False
+        logger.warning(
+            "%s: could not start within RATE_MARGIN (%.0f ms) of its claim (%.0f ms); given back, so "
+            "that the rate holds (raise RATE_MARGIN if this is frequent)",
+            driver.describe(item),
+            margin * 1000,
+            late * 1000,
+        )
+        return True
 
     def _claim(self, driver: AnyDriver, items: list[Any]) -> list[Any]:
         """Return the batch to run: ``items`` (brought by a blocking wait), else a new claim.
@@ -250,24 +277,14 @@ class BatchRunner:
         driver = batch.driver
         if self.slots is None:
             self.slots = Slots(self.board)
-        slots = self.slots
-        sure_until, monotonic = self.holdings.sure_until, time.monotonic
+        slots, monotonic = self.slots, time.monotonic
         poll_min, poll_max = float(setting("POLL_MIN")), float(setting("POLL_MAX"))
-        running, topping, limited = 0, True, driver.limited
+        running, topping, limited, paced = 0, True, driver.limited, driver.paced
         last_top_up = next_top_up = monotonic()
         wait = poll_min
         top_up_until = last_top_up + poll_max if self.serving_several else float("inf")
         while True:
-            while running < size and (item := self.holdings.next_to_start(driver, self.stop)) is not None:
-                if monotonic() + clock_shift.seconds >= sure_until.get(driver, 0.0) and not self._still_held(
-                    batch, item
-                ):
-                    continue
-                batch.started += 1
-                if batch.trace:
-                    logger.debug("%s: started", driver.describe_fully(item))
-                slots.submit(driver, item)
-                running += 1
+            running = self._start_in_slots(batch, size, running)
             free = size - running
             now = monotonic()
             topping = topping and not self.stop.stopping and now < top_up_until
@@ -282,6 +299,9 @@ class BatchRunner:
                     continue
                 next_top_up = last_top_up + wait
                 wait = min(wait * float(setting("POLL_FACTOR")), poll_max)
+                if paced and (free_at := driver.paced_until()) is not None:
+                    # The rate is used up until then: try again at that moment, not before.
+                    next_top_up, wait = max(next_top_up, free_at), poll_min
                 due = next_top_up
             if not running:  # and the last top-up found nothing (or a stop came): the batch is over
                 return
@@ -296,6 +316,27 @@ class BatchRunner:
             if self.stop.aborting and running:
                 self._stop_slots(batch)
                 return
+
+    def _start_in_slots(self, batch: Batch, size: int, running: int) -> int:
+        """Start ``batch``'s items that are waiting in free slots (while ``running`` of its
+        ``size`` run), but one whose lease may have lapsed and its database denies, or one too
+        late for its queue's rate; return how many run now."""
+        driver, slots, sure_until = batch.driver, self.slots, self.holdings.sure_until
+        assert slots is not None
+        paced = driver.paced
+        while running < size and (item := self.holdings.next_to_start(driver, self.stop)) is not None:
+            if time.monotonic() + clock_shift.seconds >= sure_until.get(driver, 0.0) and not self._still_held(
+                batch, item
+            ):
+                continue
+            if paced and self._late_for_the_rate(driver, item):
+                continue
+            batch.started += 1
+            if batch.trace:
+                logger.debug("%s: started", driver.describe_fully(item))
+            slots.submit(driver, item)
+            running += 1
+        return running
 
     def _top_up(self, batch: Batch, free: int) -> tuple[list[Any], bool]:
         """Acknowledge what finished in ``batch`` and claim more for ``free`` slots; return what
@@ -364,7 +405,10 @@ class BatchRunner:
         returned = self.holdings.end_batch(driver)
         batch.settled |= returned
         left = [item for item in batch.items if driver.key(item) not in batch.settled]
-        claim_next = 0 if (self.stop.stopping or self.stop.aborting or left) else self.batch_size(driver)
+        # A queue with a rate claims nothing ahead: what it claims must start at once (the
+        # next round may run other queues' batches first).
+        ahead = not (self.stop.stopping or self.stop.aborting or left or driver.paced)
+        claim_next = self.batch_size(driver) if ahead else 0
         _more, error = self.settler.settle(driver, batch.finished, left, claim_next)
         if batch.trace:
             for item in left:

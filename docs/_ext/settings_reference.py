@@ -77,9 +77,14 @@ KINDS: tuple[Kind, ...] = (
         ([], None, {"emails": "default"}, {"emails": []}, {"": ["default"]}, {"emails": ["nowhere"]}),
     ),
     Kind(
-        "dict: tube name → int, 1 or more (or None: no limit)",
+        "dict: tube name → int, 1 or more, or None",
         ({}, {"charges": 5}, {"charges": None}),
         ([], None, {"charges": 0}, {"charges": True}, {"charges": 1.5}, {"": 5}, {"charges": ["default"]}),
+    ),
+    Kind(
+        "dict: tube name → rate such as 100/m or (count, seconds) (or None: no rate)",
+        ({}, {"charges": "100/m"}, {"charges": (60, 1)}, {"charges": None}),
+        ([], None, {"charges": 5}, {"charges": "0/m"}, {"charges": "fast"}, {"": "1/s"}, {"charges": (1, 0)}),
     ),
 )
 

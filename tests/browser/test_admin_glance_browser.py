@@ -46,7 +46,7 @@ LISTS = {
         "task/",
         ("id", "task_state", "tube_name", "pri", "attempts", "deadline", "age", "data_preview"),
     ),
-    "tubes": ("tube/", ("tube_name", "running", "type", "limit", "links", "created_at")),
+    "tubes": ("tube/", ("tube_name", "running", "type", "limit", "rate_text", "links", "created_at")),
     "boards": ("jobboard/", ("name", "running", "live_jobs", "links", "created")),
     "results": ("taskrecord/", ("short_id", "task_name", "queue_name", "status_badge", "enqueued")),
     "workers": ("workerprocess/", ("identity", "host", "pid", "up_for", "last_beat", "serves", "holds")),
@@ -124,8 +124,9 @@ def realistic_data(settings: Any) -> dict[str, Any]:
         last_run_at=db_now() - dt.timedelta(hours=19),
         runs=12,
     )
-    # At most 12 at once (an SMTP relay's connections): the dashboard reads "taken 8/12".
-    emails = Tube.objects.create_tube("emails", "fifottl", ttr=300, limit=12)
+    # At most 12 at once (an SMTP relay's connections) and 600 a minute (its quota): the
+    # dashboard reads "taken 8/12" and "rate 12 of 600/m".
+    emails = Tube.objects.create_tube("emails", "fifottl", ttr=300, limit=12, rate="600/m")
     emails.put_many(
         [
             {"to": f"reader{n}@example.com", "subject": "Your weekly digest of new articles"}
@@ -233,6 +234,7 @@ def test_the_dashboard_is_one_overview_with_charts_as_wide_as_their_cards(page: 
     for queue in ("builds", "emails", "thumbnails", "int loops", "nightly"):
         assert queue in text, queue
     assert "taken 8/12" in text, text  # the emails tube's running limit, beside what runs
+    assert "rate 12 of 600/m" in text, text  # its rate, beside what its window holds
     # The table comes before the charts.
     charts = page.locator("svg.tl-chart")
     assert charts.count() >= 2

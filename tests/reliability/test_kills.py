@@ -19,7 +19,7 @@ import os
 import time
 
 import pytest
-from django.db import connections, transaction
+from django.db import connections
 
 from django_taskloop.models import JobBoard, Task, Tube
 from tests.testapp.models import WorkerLoop, WorkLog
@@ -176,10 +176,12 @@ def test_loop_drain_under_kills_does_every_id(vendor, capsys):
 def test_board_drain_under_kills_consumes_every_job(vendor, capsys):
     # (See the loop's: enough jobs to outlast several kills. 2,000 drained in about a second on
     # a quiet MariaDB, before the fourth kill.)
+    from tests.test_boards import post_many
+
     n = 6_000
     board = JobBoard.objects.create_board("r-board")
-    with transaction.atomic():
-        names = {board.post(f"job-{i}").name for i in range(n)}
+    post_many(board, n)  # (the rows post() writes, in bulk: 6,000 posts took 10 s of the test)
+    names = {f"j{i}" for i in range(n)}
     workers, kills, output = drain_while_killing("r-board", lambda: board.job_count == 0)
     _killed.extend(workers.killed)
     assert kills >= 4, f"the drain ended before the kills had any chance ({kills} kills)"
@@ -194,36 +196,90 @@ def test_board_drain_under_kills_consumes_every_job(vendor, capsys):
         print(f"\n[reliability] board kill drain ({vendor}): {report}")
 
 
+def _drain_slots_under_kills(tube: Tube, tasks: list[Task]) -> str:
+    """Put ``tasks`` on ``tube`` and drain it with 4 processes of 3 slots each while workers
+    are killed: at least 4 kills, no restart given up, every task done and reruns bounded.
+    Return the reruns' report."""
+    made = Task.objects.bulk_create(tasks, batch_size=2000)
+    ids = {str(task.id) for task in made}
+    workers, kills, output = drain_while_killing(
+        tube.name, lambda: tube.statistics()["tasks"]["total"] == 0, extra=("--concurrency", "3")
+    )
+    _killed.extend(workers.killed)
+    assert kills >= 4, f"the drain ended before the kills had any chance ({kills} kills)"
+    assert "restarts for" not in output, output
+    assert tube.statistics()["tasks"]["done"] == len(made)
+    return assert_bounded_reruns(tube.name, ids, kills, held_per_kill=30, output=output)
+
+
+def _runs(kind: str, prefix: str = "") -> list[tuple[float, float]]:
+    """``(start, end)`` of each run the handler of ``kind`` logged (its starts under
+    ``<kind>-start``, keyed ``<prefix><id>`` where it has a prefix). A run cut short by a kill
+    never logged its end: it ran no longer than its handler's 0.02 s sleep, counted as that."""
+    rows = list(
+        WorkLog.objects.filter(kind__in=[kind, f"{kind}-start"]).values_list("key", "phase", "at", "pid")
+    )
+    ends = {(key, pid): at for key, phase, at, pid in rows if phase == "end"}
+    return [
+        (at, ends.get((started[len(prefix) :], pid), at + 0.02))
+        for started, phase, at, pid in rows
+        if phase == "start" and started.startswith(prefix)
+    ]
+
+
 def test_a_tube_s_limit_holds_under_kills(vendor, capsys):
     """``@tube(limit=5)`` with 4 processes of 3 slots each (issue 44 §2): while workers are
     killed, never more than 5 of its tasks run at once, every task is done, and a killed
     worker's slots come back with its tasks' ttr."""
     # Enough tasks to outlast the kills: five slots of 0.02 s tasks, each slot refilled
     # within a poll (0.1 s) of its last task's end.
-    n = 1_000
     tube = Tube.objects.create_tube("r-limited", "fifottl", ttr=3)
-    made = Task.objects.bulk_create(
-        [Task(tube=tube, data={"n": i}, state="r", pri=0, ttr=3.0) for i in range(n)], batch_size=2000
+    report = _drain_slots_under_kills(
+        tube, [Task(tube=tube, data={"n": i}, state="r", pri=0, ttr=3.0) for i in range(1_000)]
     )
-    ids = {str(task.id) for task in made}
-    workers, kills, output = drain_while_killing(
-        "r-limited", lambda: tube.statistics()["tasks"]["total"] == 0, extra=("--concurrency", "3")
-    )
-    _killed.extend(workers.killed)
-    assert kills >= 4, f"the drain ended before the kills had any chance ({kills} kills)"
-    assert "restarts for" not in output, output
-    assert tube.statistics()["tasks"]["done"] == n
-    report = assert_bounded_reruns("r-limited", ids, kills, held_per_kill=30, output=output)
-    rows = list(
-        WorkLog.objects.filter(kind__in=["r-limited", "r-limited-start"]).values_list(
-            "key", "phase", "at", "pid"
-        )
-    )
-    ends = {(key, pid): at for key, phase, at, pid in rows if phase == "end"}
-    # A run cut short by a kill (it never logged its end) ran no longer than its handler's
-    # 0.02 s sleep: counted as running that long.
-    runs = [(at, ends.get((key, pid), at + 0.02)) for key, phase, at, pid in rows if phase == "start"]
+    runs = _runs("r-limited")
     most = most_running([start for start, _ in runs], [end for _, end in runs])
     with capsys.disabled():
         print(f"\n[reliability] limited tube kill drain ({vendor}): {report}, most running at once {most}")
     assert most <= 5
+
+
+def test_a_key_limit_holds_under_kills(vendor, capsys):
+    """``@tube(type="utubettl", key_limit=2)`` with 4 processes of 3 slots each (issue 44 §2,
+    per key): while workers are killed, never more than 2 tasks of one key run at once, every
+    task is done, and a killed worker's slots of a key come back with its tasks' ttr."""
+    n, keys = 800, 4
+    tube = Tube.objects.create_tube("r-key-limited", "utubettl", ttr=3)
+    report = _drain_slots_under_kills(
+        tube,
+        [Task(tube=tube, data={"n": i}, utube=f"k{i % keys}", state="r", pri=0, ttr=3.0) for i in range(n)],
+    )
+    most = {}
+    for key in (f"k{i}" for i in range(keys)):
+        runs = _runs("r-key-limited", prefix=f"{key}:")
+        most[key] = most_running([start for start, _ in runs], [end for _, end in runs])
+    with capsys.disabled():
+        print(
+            f"\n[reliability] key-limited tube kill drain ({vendor}): {report}, most of a key at once {most}"
+        )
+    assert max(most.values()) <= 2
+
+
+def test_a_tube_s_rate_holds_under_kills(vendor, capsys):
+    """``@tube(rate="40/s")`` with 4 processes of 3 slots each (issue 44 §2): while workers
+    are killed, never more than 40 of its tasks start in any second (runs cut short by a kill
+    count too: each was claimed), and every task is done."""
+    from tests.test_tube_rates import most_in_a_window
+
+    tube = Tube.objects.create_tube("r-paced", "fifottl", ttr=3)
+    # Ten windows: the drain outlasts the kills.
+    report = _drain_slots_under_kills(
+        tube, [Task(tube=tube, data={"n": i}, state="r", pri=0, ttr=3.0) for i in range(400)]
+    )
+    most = most_in_a_window([start for start, _end in _runs("r-paced")], 1.0)
+    with capsys.disabled():
+        print(f"\n[reliability] paced tube kill drain ({vendor}): {report}, most started in any 1 s {most}")
+    assert most <= 40
+    # Near the rate, or the test shows nothing (a task that could not start within
+    # RATE_MARGIN of its claim is given back: on a loaded machine a window may fall short).
+    assert most >= 30, "the rate was never approached: the test shows nothing"

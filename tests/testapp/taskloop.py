@@ -202,6 +202,30 @@ def limited(task: Any) -> None:
     log("limited", task.id)
 
 
+@tube("w-key-limited", type="utubettl", ttr=30, key_limit=2)
+def key_limited(task: Any) -> None:
+    """At most 2 of these of one key at once, however many workers and slots."""
+    log("key-limited", f"{task.utube}:{task.id}", "start")
+    time.sleep(task.data.get("sleep", 0.3))
+    log("key-limited", f"{task.utube}:{task.id}")
+
+
+@tube("w-key-paced", type="utubettl", ttr=30, key_limit=10, key_rate="5/s")
+def key_paced(task: Any) -> None:
+    """At most 5 of these of one key started in any second, however many workers and slots."""
+    log("key-paced", f"{task.utube}:{task.id}", "start")
+    time.sleep(task.data.get("sleep", 0.05))
+    log("key-paced", f"{task.utube}:{task.id}")
+
+
+@tube("w-paced", ttr=30, rate="20/s")
+def paced(task: Any) -> None:
+    """At most 20 of these started in any second, however many workers and slots."""
+    log("paced", task.id, "start")
+    time.sleep(task.data.get("sleep", 0.05))
+    log("paced", task.id)
+
+
 @tube("w-many-async", ttr=30)
 async def many_async(task: Any) -> None:
     await _alog("many-async", task.id, "start")

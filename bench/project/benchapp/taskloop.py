@@ -59,6 +59,14 @@ def limited(task: Any) -> None:
     time.sleep(task.data[1])
 
 
+# At most 60 started in any second over every process (bench/limit_bench.py): ``data`` is
+# ``[n, seconds]``.
+@tube("bench-paced", batch=100, rate="60/s")
+def paced(task: Any) -> None:
+    record(task.data[0])
+    time.sleep(task.data[1])
+
+
 @board("bench-board", batch=100)
 def noop_job(job: Any) -> None:
     """Run nothing; the record is the whole job."""

@@ -71,11 +71,28 @@ def _count(summary: QueueSummary, state: str) -> str:
     return f"{shown}/{summary.limit}" if state == "taken" and summary.limit is not None else shown
 
 
-def _row(summary: QueueSummary, states: tuple[str, ...], workers: int) -> list[str]:
+def _rate(summary: QueueSummary) -> str:
+    """A tube's rate with what its window holds: ``12 of 60/s``; ``—`` without one."""
+    return "—" if summary.rate is None else f"{summary.started or 0} of {summary.rate}"
+
+
+def _per_key(summary: QueueSummary) -> str:
+    """A utube's key limit and key rate: ``3 at once, 10/m``; ``—`` without either."""
+    shown = [f"{summary.key_limit} at once"] if summary.key_limit is not None else []
+    shown += [str(summary.key_rate)] if summary.key_rate is not None else []
+    return ", ".join(shown) or "—"
+
+
+def _row(
+    summary: QueueSummary, states: tuple[str, ...], workers: int, rates: bool = False, keys: bool = False
+) -> list[str]:
+    # The columns a table has where one of its tubes has a rate, a key limit or a key rate.
+    extra = ([_rate(summary)] if rates else []) + ([_per_key(summary)] if keys else [])
     if summary.down is not None:  # nothing known of it but where it lives
         return [
             shards.shown(summary.name, summary.using),
             *("—" for _ in states),
+            *("—" for _ in extra),
             "—",
             "—",
             str(workers),
@@ -84,6 +101,7 @@ def _row(summary: QueueSummary, states: tuple[str, ...], workers: int) -> list[s
     return [
         shards.shown(summary.name, summary.using),  # a shard other than the router's: emails@queue2
         *(_count(summary, state) for state in states),
+        *extra,
         duration(summary.oldest_ready) if summary.oldest_ready is not None else "—",
         str(summary.failures_last_hour),
         str(workers),
@@ -109,9 +127,15 @@ def status_lines(
         # Each table's name column as wide as its own names (a long loop label widens the loops'
         # table only): what fits WIDTH does.
         header = [title.upper(), *(s.upper().replace("_", " ") for s in states)]
+        # RATE, where a tube has one: taken in its window against it ("12 of 60/s").
+        rates = any(s.rate is not None for s in mine)
+        header += ["RATE"] if rates else []
+        # PER KEY, where a utube has a key limit or a key rate: "3 at once, 10/m".
+        keys = any(s.key_limit is not None or s.key_rate is not None for s in mine)
+        header += ["PER KEY"] if keys else []
         # LATENCY: how long the next item to run has waited (Sidekiq's word for it).
         header += ["LATENCY", "FAILED 1H", "WORKERS", "STATE"]
-        rows = [_row(s, states, serving.get((s.kind, s.name), 0)) for s in mine]
+        rows = [_row(s, states, serving.get((s.kind, s.name), 0), rates, keys) for s in mine]
         numbers = range(1, len(header) - 1)
         if lines:
             lines.append("")
@@ -168,6 +192,10 @@ def _as_json(summary: QueueSummary, workers: int) -> dict[str, Any]:
         "oldest_ready_seconds": summary.oldest_ready,
         "paused": summary.paused,
         "limit": summary.limit,
+        "rate": None if summary.rate is None else str(summary.rate),
+        "rate_used": summary.started,
+        "key_limit": summary.key_limit,
+        "key_rate": None if summary.key_rate is None else str(summary.key_rate),
         "failures_last_hour": summary.failures_last_hour,
         "workers": workers,
         "tubes": [tube.name for tube in summary.tubes],

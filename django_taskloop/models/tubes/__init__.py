@@ -46,7 +46,7 @@ from .definitions import TUBE_TYPES as TUBE_TYPES
 from .definitions import UTUBE_TYPES as UTUBE_TYPES
 from .definitions import default_consumer
 from .definitions import slot as slot
-from .records import Consumer, Task, TaskQuerySet, TubeStat, TubeWaiter
+from .records import Consumer, Task, TaskQuerySet, TubeStart, TubeStat, TubeWaiter
 from .records import ConsumerQuerySet as ConsumerQuerySet
 from .records import TubeStatQuerySet as TubeStatQuerySet
 from .records import TubeWaiterQuerySet as TubeWaiterQuerySet
@@ -63,6 +63,7 @@ __all__ = [
     "TaskQuerySet",
     "TubeManager",
     "TubeStat",
+    "TubeStart",
     "Consumer",
     "TubeWaiter",
     "default_consumer",

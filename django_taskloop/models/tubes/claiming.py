@@ -6,7 +6,7 @@ A take (:meth:`TubeClaiming.take`, :meth:`~TubeClaiming.take_many`, a worker's
 the tube is paused, applies the transitions that are due (:meth:`~TubeClaiming._tidy_for_take`:
 a dead consumer's tasks about once a second, ended delays and ttrs), then claims through
 :func:`django_taskloop.engine.claim` what :meth:`~TubeClaiming._claim_spec` describes: the
-claimable rows (:meth:`~TubeClaiming._claimable`: ready and alive; for utube drivers only the
+claimable rows (:func:`_claimable_of`: ready and alive; for utube drivers only the
 head of each sub-queue), in the claim order, with the lease it writes (taken, the owner, one
 more attempt, the ttr deadline; utube: the sub-queue's ``taken_key``). Its counters are
 written in the same transaction, and a utube claim that the unique ``taken_key`` refuses is
@@ -65,6 +65,7 @@ from .records import (
     UTUBE_INDEX,
     Consumer,
     Task,
+    TubeStart,
     TubeStat,
     TubeWaiter,
     _beats,
@@ -135,6 +136,60 @@ def _taken_deadline() -> Any:
         default=Least(engine.Shifted(F("ttr")), F("ttl_at")),
         output_field=models.DateTimeField(),
     )
+
+
+def _sub_queue_heads(tube_id: int, has_ttl: bool, first: int, key_rate: tuple[int, float] | None = None) -> Q:
+    """utube: the tasks claimable by their sub-queue. Only the head of a sub-queue is
+    claimable: no task of it is taken, and no ready one comes before it. Two consumers then aim
+    at the same row (one wins under SKIP LOCKED) instead of at two rows of one sub-queue, which
+    the unique taken_key would refuse only after one waited for the other's commit. A key limit
+    of ``first`` above 1 (``Tube.set_key_limit``): fewer than ``first`` of the sub-queue taken
+    or ready before it, so one claim takes at most the first ``first`` less those taken; such
+    takes are serialized by the tube row's lock (limits.room), and the count is the guard. A key
+    rate of ``(count, seconds)`` (``Tube.set_key_rate``; ``seconds`` its window): one task of a
+    key a claim, the key's first ready one, while the key's start log over ``seconds`` holds
+    fewer than ``count`` rows (a row a task: limits.claim_within writes them)."""
+    alive = alive_tasks() if has_ttl else Q()
+    before = Q(pri__lt=OuterRef("pri")) | Q(pri=OuterRef("pri"), id__lt=OuterRef("id"))
+    ahead = Q(state=TAKEN) | Q(alive, before, state=READY)
+    siblings = Task.objects.filter(tube_id=tube_id)
+    keyed: Any = Q(utube__isnull=False) & ~Exists(
+        siblings.filter(ahead, utube=OuterRef("utube"))[first - 1 : first]
+    )
+    if key_rate is not None:
+        count, seconds = key_rate
+        starts = TubeStart.objects.filter(
+            tube_id=tube_id, key=OuterRef("utube"), at__gt=engine.DbNow(-seconds)
+        )
+        keyed &= ~Exists(siblings.filter(alive, before, state=READY, utube=OuterRef("utube")))
+        keyed &= ~Exists(starts[count - 1 : count])
+    heads: Q = (
+        Q(utube__isnull=True) & ~Exists(siblings.filter(ahead, utube__isnull=True)[first - 1 : first]) | keyed
+    )
+    return heads
+
+
+def _claimable_of(tube: TubeClaiming, by_rate: bool = True) -> Q:
+    """The tasks of ``tube`` a take may claim (``by_rate=False``: a look's, without the key
+    rate, as a look leaves the tube's rate out: a take it refuses sets the wake-up)."""
+    claimable = Q(state=READY)
+    if tube._has_ttl:
+        claimable &= alive_tasks()
+    else:
+        # fifo/utube tasks all have pri 0: saying so lets the (tube, state, pri, id) index
+        # serve the id order.
+        claimable &= Q(pri=0)
+    if tube._is_utube:
+        key_rate = _key_rate_window(tube) if by_rate else None
+        claimable &= _sub_queue_heads(tube.pk, tube._has_ttl, tube.key_limit or 1, key_rate)
+    return claimable
+
+
+def _key_rate_window(tube: TubeClaiming) -> tuple[int, float] | None:
+    """``tube``'s key rate's count and the seconds its window counts (``None``: none)."""
+    if tube.key_rate_count is None or tube.key_rate_period is None:
+        return None
+    return int(tube.key_rate_count), limits.window(float(tube.key_rate_period))
 
 
 def _taken_key() -> Any:
@@ -215,6 +270,8 @@ def worth_trying(
 class TubeClaiming(TubeCore):
     """A tube's consumer side: take (and wait for) tasks, then ack, release, touch or bury
     them (see the module's text, and :class:`Tube`)."""
+
+    _claimable = _claimable_of  # (what a take claims: ``tube._claimable()``)
 
     class Meta:
         abstract = True
@@ -319,7 +376,9 @@ class TubeClaiming(TubeCore):
         paused = operating.PausedQueue.objects.filter(kind="task", queue=self.name)
         this = Q(pk=self.pk) & ~Q(Exists(paused))
         after = resume.condition(self.using) if resume is not None else None
-        ready = this & Q(Exists(tasks.filter(self._claimable(), *([after] if after is not None else []))))
+        ready = this & Q(
+            Exists(tasks.filter(_claimable_of(self, by_rate=False), *([after] if after is not None else [])))
+        )
         return (this & Q(*due, _connector=Q.OR) if due else None), ready
 
     def take_many(
@@ -347,28 +406,6 @@ class TubeClaiming(TubeCore):
         limit = check_count(limit, "limit", minimum=1)
         tasks: list[Task] = self._take(limit, _check_consumer(consumer), checked=bool(checked), cursor=cursor)
         return tasks
-
-    def _claimable(self) -> Q:
-        claimable = Q(state=READY)
-        if self._has_ttl:
-            claimable &= alive_tasks()
-        else:
-            # fifo/utube tasks all have pri 0: saying so lets the (tube, state, pri, id) index
-            # serve the id order.
-            claimable &= Q(pri=0)
-        if self._is_utube:
-            # Only the head of a sub-queue is claimable: no task of it is taken, and no ready
-            # one comes before it. Two consumers then aim at the same row (one wins under
-            # SKIP LOCKED) instead of at two rows of one sub-queue, which the unique
-            # taken_key would refuse only after one waited for the other's commit.
-            alive = alive_tasks() if self._has_ttl else Q()
-            before = Q(pri__lt=OuterRef("pri")) | Q(pri=OuterRef("pri"), id__lt=OuterRef("id"))
-            ahead = Q(state=TAKEN) | Q(alive, before, state=READY)
-            siblings = Task.objects.filter(tube_id=self.pk)
-            claimable &= Q(utube__isnull=True) & ~Exists(siblings.filter(ahead, utube__isnull=True)) | Q(
-                utube__isnull=False
-            ) & ~Exists(siblings.filter(ahead, utube=OuterRef("utube")))
-        return claimable
 
     def _cursor_on(self) -> list[str]:
         """The columns of the claim order that a claim cursor stands on: fifo's claims pin pri
@@ -418,8 +455,13 @@ class TubeClaiming(TubeCore):
             self._tidy_for_take(due_every)
         spec = self._claim_spec(limit, consumer, cursor).prepared()
         watched = (self.using, self.pk) in _callbacks
-        if self.running_limit is not None:
-            # At most running_limit taken at once: counted under the tube row's lock.
+        if (
+            self.running_limit is not None
+            or self.rate_count is not None
+            or self.key_limit is not None
+            or self.key_rate_count is not None
+        ):  # (inline: the hot path's budget counts calls)
+            # A running limit, a rate, a key limit or rate: counted under the tube row's lock.
             return self._claim_with_retries(spec, consumer, ack, watched)
         if ack and not watched:
             # PostgreSQL: the acknowledgement, the claim and the counters as one statement.
@@ -442,7 +484,8 @@ class TubeClaiming(TubeCore):
             changes: dict[str, Any] = {"state": TAKEN, "owner": consumer, "attempts": F("attempts") + 1}
             if self._has_ttl:
                 changes["event_at"] = _taken_deadline()
-            if self._is_utube:
+            if self._is_utube and not self.key_limit:
+                # (A key limit's count is its guard: no unique key for N taken at once.)
                 changes["taken_key"] = _taken_key()
             return changes
 
@@ -488,12 +531,21 @@ class TubeClaiming(TubeCore):
     ) -> Any:
         """Acknowledge ``ack`` (if any) and claim ``spec`` in one transaction, looking again
         when utube's unique ``taken_key`` refuses a claim; a limited tube's claim takes at most
-        what its running limit leaves (:mod:`.limits`)."""
+        what its running limit and its rate leave (:mod:`.limits`)."""
 
         def work() -> tuple[int, engine.Claimed]:
             acked = self._ack_rows(ack, consumer) if ack else 0
-            limited = self.running_limit is not None
-            claimed = limits.claim_within(self, spec) if limited else spec.run(later=True)
+            limited = (
+                self.running_limit is not None
+                or self.rate_count is not None
+                or self.key_limit is not None
+                or self.key_rate_count is not None
+            )
+            claimed = (
+                limits.claim_within(self, spec, lambda: self._claim_spec(spec.limit, consumer).prepared())
+                if limited
+                else spec.run(later=True)
+            )
             self._count(take=len(claimed), ack=acked, done=acked)
             if watched:
                 for task in claimed.instances():
@@ -583,7 +635,9 @@ class TubeClaiming(TubeCore):
         """The name of an engine-kept statement of this tube for ``consumer`` ("take": the
         claim, "held": the acknowledgement's filter): everything it depends on, the type
         deciding the rest."""
-        return ("tube", what, self.pk, self.type, consumer)
+        # (The key rate's window, called only for a tube that has one: the hot path counts calls.)
+        key_rate = self.key_rate_count and _key_rate_window(self)
+        return ("tube", what, self.pk, self.type, self.key_limit, key_rate, consumer)
 
     def _held(self, consumer: str) -> Q:
         """Tasks ``consumer`` holds now (for ttl drivers: whose ttr has not run out).

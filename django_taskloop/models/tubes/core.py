@@ -24,6 +24,7 @@ from django.db.models import Q
 
 from ... import engine, wakeup
 from ...exceptions import NotFound
+from ...validation import Rate
 from .definitions import (
     BURIED,
     COLUMN,
@@ -65,12 +66,70 @@ class TubeCore(models.Model):
         help_text="At most this many of its tasks taken at once, by every consumer together "
         "(empty: no limit). A worker sets its handler's limit when it starts. See Tube.set_limit.",
     )
+    rate_count = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="At most this many of its tasks taken in any rate period, by every consumer "
+        "together (empty: no rate). See Tube.set_rate.",
+    )
+    rate_period = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.001)],
+        help_text="The rate's period (seconds).",
+    )
+    key_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="utube and utubettl: at most this many of one key's tasks taken at once, by "
+        "every consumer together (empty: one at a time, in order). See Tube.set_key_limit.",
+    )
+    key_rate_count = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="utube and utubettl: at most this many of one key's tasks taken in any key rate "
+        "period, by every consumer together (empty: no key rate). See Tube.set_key_rate.",
+    )
+    key_rate_period = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.001)],
+        help_text="The key rate's period (seconds).",
+    )
+
+    #: ``time.monotonic()`` when this object's last take of a tube with a running limit or a
+    #: rate had the tube's lock (``None``: none yet): a worker starts a rate's tasks no later
+    #: than ``RATE_MARGIN`` seconds after it (the rate counted them just after).
+    claim_sent_at: float | None = None
+    #: The tubes this object's last limited take counted together (``limits.group``: a Django
+    #: Tasks queue's pair), kept for the acknowledgements until its next take; ``None``: no
+    #: such take yet.
+    limit_group: tuple[int, ...] | None = None
 
     class Meta:
         abstract = True
 
     def __str__(self) -> str:
         return f"{self.name} ({self.type})"
+
+    @property
+    def rate(self) -> Rate | None:
+        """The tube's rate (:meth:`Tube.set_rate`): at most ``rate.count`` tasks taken in any
+        ``rate.period`` seconds; ``None``: no rate. ``str(tube.rate)`` reads ``100/m``."""
+        if self.rate_count is None or self.rate_period is None:
+            return None
+        return Rate(self.rate_count, self.rate_period)
+
+    @property
+    def key_rate(self) -> Rate | None:
+        """The tube's key rate (:meth:`Tube.set_key_rate`): at most ``key_rate.count`` tasks of
+        one key taken in any ``key_rate.period`` seconds; ``None``: none."""
+        if self.key_rate_count is None or self.key_rate_period is None:
+            return None
+        return Rate(self.key_rate_count, self.key_rate_period)
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -19,6 +19,9 @@ from ...validation import (
     check_aware,
     check_count,
     check_json,
+    check_key_limit,
+    check_key_rate,
+    check_rate,
     check_seconds,
     check_text,
 )
@@ -35,7 +38,7 @@ from .definitions import (
     check_lifetime,
     check_pri,
 )
-from .records import Task, TubeStat, TubeWaiter, calls_from, check_task_id
+from .records import Task, TubeStart, TubeStat, TubeWaiter, calls_from, check_task_id
 
 
 def _check_put_options(pri: Any, ttl: Any, ttr: Any, delay: Any, utube: Any) -> tuple[Any, ...]:
@@ -331,6 +334,58 @@ class TubeOperating(TubeCore):
             raise self._gone()
         self.running_limit = limit
 
+    def set_rate(self, rate: Any) -> None:
+        """Let at most ``rate`` of this tube's tasks be taken in any period, by every consumer
+        on every host together: ``"100/m"``, ``"60/s"``, ``"10/5s"`` (units s, m, h, d) or a
+        ``(count, seconds)`` pair; ``None``: no rate. The database holds it: each take of the
+        tube locks its row, sums the takes logged over the last period (plus ``RATE_MARGIN``
+        seconds) and takes at most what is left. A running limit (:meth:`set_limit`) holds
+        beside it. Consumers see it from their next take on (a worker that had this tube
+        without a rate or limit when it started: from its next start)."""
+        rate = check_rate(rate, "rate")
+        count, period = (None, None) if rate is None else rate
+        rows = type(self)._default_manager.using(self.using).filter(pk=self.pk)
+        if not self._run(lambda: rows.update(rate_count=count, rate_period=period)):
+            raise self._gone()
+        self.rate_count, self.rate_period = count, period
+
+    def set_key_limit(self, limit: int | None) -> None:
+        """utube and utubettl: let at most ``limit`` tasks of one key (one sub-queue) be taken
+        at once, by every consumer on every host together (``None`` or 1: one at a time, the
+        utube's own rule, which also keeps a key's tasks finishing in order). A key's tasks
+        still start in order, its first ready task first; with more than one taken at once
+        they may finish in another. The database holds it: each take locks the tube's row and
+        claims a key's task only while fewer than ``limit`` of the key are taken or ready
+        before it. Consumers see it from their next take on (a worker that had this tube
+        without a key limit, a running limit or a rate when it started: from its next start;
+        ``@tube(key_limit=…)`` sets it at each)."""
+        limit = check_key_limit(limit, self.type)
+        rows = type(self)._default_manager.using(self.using).filter(pk=self.pk)
+        if not self._run(lambda: rows.update(key_limit=limit)):
+            raise self._gone()
+        self.key_limit = limit
+
+    def set_key_rate(self, rate: Any) -> None:
+        """utube and utubettl: let at most ``rate`` tasks of one key be taken in any period, by
+        every consumer on every host together: ``"10/m"``, ``"2/s"`` or a ``(count, seconds)``
+        pair, as :meth:`set_rate` reads them; ``None``: no key rate. Tasks put without a key
+        have none. The database holds it: each take locks the tube's row, claims at most one
+        task of a key and only while the key's takes logged over the last period (plus
+        ``RATE_MARGIN``) leave room, and logs what it took by key. A take it holds back tells
+        this process's waiters when the key log's oldest start leaves the window. Consumers see
+        it from their next take on (as :meth:`set_rate`)."""
+        rate = check_key_rate(rate, self.type)
+        count, period = (None, None) if rate is None else rate
+        rows = type(self)._default_manager.using(self.using).filter(pk=self.pk)
+        if not self._run(lambda: rows.update(key_rate_count=count, key_rate_period=period)):
+            raise self._gone()
+        self.key_rate_count, self.key_rate_period = count, period
+
+    def rate_used(self) -> int | None:
+        """How many of this tube's tasks were taken in its rate's window up to now: the rate's
+        period and ``RATE_MARGIN`` (``None``: the tube has no rate). Read, not locked."""
+        return limits.started(self)
+
     def delete_task(self, task_id: int) -> Task:
         """Remove the task (any state, no ownership needed); return it with state ``"-"``."""
         task_id = check_task_id(task_id)
@@ -380,6 +435,7 @@ class TubeOperating(TubeCore):
             engine.delete_rows(self._tasks())
             engine.delete_rows(TubeStat.objects.using(self.using).filter(tube_id=self.pk))
             engine.delete_rows(TubeWaiter.objects.using(self.using).filter(tube_id=self.pk))
+            engine.delete_rows(TubeStart.objects.using(self.using).filter(tube_id=self.pk))
             engine.delete_rows(type(self)._default_manager.using(self.using).filter(pk=self.pk))
             return True
 

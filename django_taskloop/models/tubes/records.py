@@ -256,6 +256,29 @@ class TubeStat(models.Model):
         return f"counters of tube {self.tube_id}, slot {self.slot}"
 
 
+class TubeStart(models.Model):
+    """``n`` tasks of a tube with a rate taken by one claim at ``at`` (the database's clock):
+    the log a take counts its rate's window in (:mod:`.limits`). With a ``key``: one task of
+    that key taken, the log of the tube's key rate. Rows older than the window are removed by
+    the takes."""
+
+    tube = models.ForeignKey(
+        "django_taskloop.Tube", on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    at = models.DateTimeField()
+    n = models.PositiveIntegerField()
+    key = models.CharField(max_length=255, null=True, blank=True)
+
+    class Meta:
+        app_label = "django_taskloop"
+        db_table = "taskloop_tube_start"
+        # A rate's window: (tube, key IS NULL, at > …); a key rate's: (tube, key = …, at > …).
+        indexes = [models.Index(fields=["tube", "key", "at"], name="taskloop_tube_start_key_at")]
+
+    def __str__(self) -> str:
+        return f"{self.n} taken from tube {self.tube_id} at {self.at}"
+
+
 #: When this process last wrote each consumer's heartbeat, by (database, consumer).
 _beats: dict[tuple[str, str], float] = {}
 

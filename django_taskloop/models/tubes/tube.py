@@ -11,7 +11,15 @@ from django.db import IntegrityError, models
 
 from ... import engine
 from ...exceptions import NotFound, TubeError
-from ...validation import check_bool, check_count, check_name
+from ...validation import (
+    Rate,
+    check_bool,
+    check_count,
+    check_key_limit,
+    check_key_rate,
+    check_name,
+    check_rate,
+)
 from .claiming import TubeClaiming
 from .definitions import SLOTS, TUBE_TYPES, check_lifetime, check_pri
 from .operating import TubeOperating
@@ -33,14 +41,20 @@ class TubeManager(models.Manager["Tube"]):
         pri: int | None = None,
         on_task_change: Callable[[Task, str], Any] | None = None,
         limit: int | None = None,
+        rate: Any = None,
+        key_limit: int | None = None,
+        key_rate: Any = None,
     ) -> Tube:
         """Create the tube ``name`` of driver ``type`` and return it.
 
         An existing name raises :class:`TubeError`, unless ``if_not_exists`` is true and the
         existing tube has the same type (then it is returned). ``ttl``, ``ttr`` and ``pri``
         are the defaults of the tube's tasks (ignored by fifo and utube, but type-checked).
-        ``limit``: the new tube's running limit (see :meth:`Tube.set_limit`); an existing tube
-        keeps its own.
+        ``limit``: the new tube's running limit (see :meth:`Tube.set_limit`), ``rate`` its
+        rate (``"100/m"``: see :meth:`Tube.set_rate`), ``key_limit`` (utube and utubettl) how
+        many tasks of one key may be taken at once (see :meth:`Tube.set_key_limit`) and
+        ``key_rate`` in any period (``"10/m"``: see :meth:`Tube.set_key_rate`); an existing
+        tube keeps its own.
         """
         name = check_name(name)
         if not isinstance(type, str):
@@ -53,9 +67,14 @@ class TubeManager(models.Manager["Tube"]):
         pri = check_pri(pri)
         if limit is not None:
             limit = check_count(limit, "limit", minimum=1)
+        checked_rate = check_rate(rate, "rate")
+        key_limit = check_key_limit(key_limit, type)
+        checked_key_rate = check_key_rate(key_rate, type)
         if on_task_change is not None and not callable(on_task_change):
             raise TypeError("on_task_change must be callable or None")
-        tube = self._existing_or_made(name, type, if_not_exists, ttl, ttr, pri, limit)
+        tube = self._existing_or_made(
+            name, type, if_not_exists, ttl, ttr, pri, limit, checked_rate, key_limit, checked_key_rate
+        )
         if on_task_change is not None:
             tube.on_task_change(on_task_change)
         return tube
@@ -69,13 +88,30 @@ class TubeManager(models.Manager["Tube"]):
         ttr: float | None,
         pri: int | None,
         limit: int | None = None,
+        rate: Rate | None = None,
+        key_limit: int | None = None,
+        key_rate: Rate | None = None,
     ) -> Tube:
         """The tube ``name`` made now with its counter slots, or (``if_not_exists``) as it
         exists already."""
         using = self.db
 
         def make() -> Tube:
-            tube = self.model(name=name, type=type, ttl=ttl, ttr=ttr, pri=pri, running_limit=limit)
+            count, period = (None, None) if rate is None else rate
+            key_count, key_period = (None, None) if key_rate is None else key_rate
+            tube = self.model(
+                name=name,
+                type=type,
+                ttl=ttl,
+                ttr=ttr,
+                pri=pri,
+                running_limit=limit,
+                rate_count=count,
+                rate_period=period,
+                key_limit=key_limit,
+                key_rate_count=key_count,
+                key_rate_period=key_period,
+            )
             tube.save(using=using, force_insert=True)
             TubeStat.objects.using(using).bulk_create([TubeStat(tube=tube, slot=s) for s in range(SLOTS)])
             return tube

@@ -35,6 +35,30 @@ def limited_task(task: Any) -> None:
     _log("r-limited", task.id)
 
 
+@tube("r-key-limited", batch=10, type="utubettl", ttr=LEASE, key_limit=2)
+def key_limited_task(task: Any) -> None:
+    # At most 2 of one key at once over every worker (tests/reliability/test_kills.py).
+    WorkLog.objects.create(
+        kind="r-key-limited-start",
+        key=f"{task.utube}:{task.id}",
+        phase="start",
+        pid=os.getpid(),
+        at=time.time(),
+    )
+    time.sleep(0.02)
+    _log("r-key-limited", task.id)
+
+
+@tube("r-paced", batch=10, type="fifottl", ttr=LEASE, rate="40/s")
+def paced_task(task: Any) -> None:
+    # At most 40 started in any second over every worker (tests/reliability/test_kills.py).
+    WorkLog.objects.create(
+        kind="r-paced-start", key=str(task.id), phase="start", pid=os.getpid(), at=time.time()
+    )
+    time.sleep(0.02)
+    _log("r-paced", task.id)
+
+
 @board("r-board", batch=20, expiry=LEASE)
 def board_job(job: Any) -> None:
     _log("r-board", job.name)
