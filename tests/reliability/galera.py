@@ -15,6 +15,7 @@ import shutil
 import socket
 import threading
 import time
+import warnings
 from pathlib import Path
 
 from .conftest import BASE, Server, _wait
@@ -41,6 +42,11 @@ class Cluster:
 
     def __init__(self, directory: Path = BASE / "galera") -> None:
         self.directory = directory
+        self._configure()
+
+    def _configure(self) -> None:
+        """Three nodes on ports nobody uses now (a fresh set for each try of :meth:`start`)."""
+        directory = self.directory
         gcomm = [free_port() for _ in range(NODES)]
         address = "gcomm://" + ",".join(f"127.0.0.1:{port}" for port in gcomm)
         self.nodes = [
@@ -68,7 +74,31 @@ class Cluster:
                 f"--wsrep-sst-receive-address=127.0.0.1:{free_port()}",
             ]
 
-    def start(self) -> None:
+    def start(self, tries: int = 3) -> None:
+        """Start the cluster; wait for all three nodes.
+
+        A node that exits while coming up, three times in a row, is a cluster that did not
+        start: once (CI, 2026-12-03) node 2's provider failed to open its group connection
+        ("Failed to set thread schedparams other:0: System error: 3") on every one of its
+        three starts, a failure of Galera's start on a loaded machine that no rerun of this
+        machine reproduced (30 starts, quiet and at load 3). Such a cluster, or one whose
+        nodes never synced, is made again from nothing, on fresh ports, up to ``tries`` times;
+        each failed try is a warning in the test report, and the last one's error fails."""
+        for attempt in range(1, tries + 1):
+            try:
+                self._start_once()
+                return
+            except (RuntimeError, TimeoutError) as error:  # a node exited thrice, or never synced
+                self.stop()
+                if attempt == tries:
+                    raise
+                warnings.warn(
+                    f"galera: start {attempt} of {tries} failed, making the cluster again: {error}",
+                    stacklevel=1,  # pyproject.toml shows this module's warnings, not as errors
+                )
+                self._configure()
+
+    def _start_once(self) -> None:
         """Bootstrap node 1, give its state to nodes 2 and 3, start them; wait for all three."""
         first, *others = self.nodes
         first.install()
