@@ -331,7 +331,8 @@ def test_a_tube_s_key_limit_through_the_admin(boss):
     tube = Tube.objects.get(name="mail")
     assert tube.key_limit == 3
     listed = boss.get(reverse("admin:django_taskloop_tube_changelist")).content.decode()
-    assert '<td class="field-limit">-; 3 per key</td>' in listed, listed
+    # The per-key part on a line of its own (the cell stays one short column at 1280 px).
+    assert '<td class="field-limit">-<small class="tl-per-key">3 per key</small></td>' in listed, listed
     change = reverse("admin:django_taskloop_tube_change", args=[tube.pk])
     assert boss.post(change, {"key_limit": "1"}).status_code == 302
     assert Tube.objects.get(pk=tube.pk).key_limit is None
@@ -341,6 +342,8 @@ def test_a_tube_s_key_limit_through_the_admin(boss):
     assert boss.post(change, {"key_rate": "10/m"}).status_code == 302
     assert str(Tube.objects.get(pk=tube.pk).key_rate) == "10/m"
     assert 'value="10/m"' in boss.get(change).content.decode()
+    listed = boss.get(reverse("admin:django_taskloop_tube_changelist")).content.decode()
+    assert '<td class="field-rate_text">-<small class="tl-per-key">10/m per key</small></td>' in listed
     assert boss.post(change, {"key_rate": ""}).status_code == 302
     assert Tube.objects.get(pk=tube.pk).key_rate is None
     refused = boss.post(add, {"name": "none", "type": "fifo", "key_rate": "1/s"})

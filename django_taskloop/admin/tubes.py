@@ -63,6 +63,19 @@ from .operating import failure_history, last_failure_note, progress_html
 __all__ = ["TaskAdmin", "TubeAdmin", "TaskStateFilter", "TubeUseFilter", "tube_overview"]
 
 
+def _with_per_key(whole: Any, per_key: Any) -> Any:
+    """A limit's cell: the tube's own (``whole``, ``None`` for none) and, on a quiet line of its
+    own below it, the one per key (``3 per key``): a short column at 1280 px, where
+    ``5; 3 per key`` on one line wrapped. ``None`` when neither is set (the list's ``-``)."""
+    if per_key is None:
+        return None if whole is None else str(whole)
+    return format_html(
+        '{}<small class="tl-per-key">{}</small>',
+        "-" if whole is None else whole,
+        _("%(n)s per key") % {"n": per_key},
+    )
+
+
 def _django_tasks_note(tube_name: str, short: bool = False) -> str:
     """Say that a tube is a Django Tasks queue's (``""``: a tube of the user's own); ``short``
     for the list of tube tasks, whose columns must fit 1280 px."""
@@ -525,16 +538,15 @@ class TubeAdmin(QueueRowsAdmin):
 
     @admin.display(description=_("limit"), ordering="running_limit", empty_value="-")
     def limit(self, obj: Tube) -> Any:
-        """Its running limit: at most this many taken at once, every worker together; and a
-        utube's key limit beside it (``5; 3 per key``, ``-; 3 per key``)."""
-        if obj.key_limit is None:
-            return obj.running_limit
-        return _("%(limit)s; %(n)s per key") % {"limit": obj.running_limit or "-", "n": obj.key_limit}
+        """Its running limit: at most this many taken at once, every worker together; a utube's
+        key limit on a line of its own below it (``-`` / ``3 per key``)."""
+        return _with_per_key(obj.running_limit, obj.key_limit)
 
     @admin.display(description=_("rate"), ordering="rate_count", empty_value="-")
-    def rate_text(self, obj: Tube) -> str | None:
-        """Its rate: at most this many started per period, every worker together (``100/m``)."""
-        return None if obj.rate is None else str(obj.rate)
+    def rate_text(self, obj: Tube) -> Any:
+        """Its rate: at most this many started per period, every worker together (``100/m``);
+        a utube's key rate below it, as the key limit is."""
+        return _with_per_key(obj.rate, obj.key_rate)
 
     @admin.action(description=_("Pause: workers take nothing from it"), permissions=["change"])
     def pause_tubes(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:

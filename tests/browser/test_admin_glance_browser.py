@@ -144,7 +144,8 @@ def realistic_data(settings: Any) -> dict[str, Any]:
             ConnectionRefusedError("smtp.example.com:587 refused the connection"),
         )
         emails.bury(task.id)
-    Tube.objects.create_tube("thumbnails", "utube").put_many([{"image": f"img/{n}.png"} for n in range(200)])
+    thumbnails = Tube.objects.create_tube("thumbnails", "utube", key_limit=3, key_rate="10/m")
+    thumbnails.put_many([{"image": f"img/{n}.png"} for n in range(200)])
     _django_tasks()
     _throughput_of_a_day()
     WorkerProcess.objects.beat(
@@ -208,6 +209,14 @@ def test_every_list_shows_its_key_columns_at_1280(page: Any, settings: Any) -> N
         if outside(page, columns) or wide:
             lost[name] = (outside(page, columns), wide)
     assert lost == {}
+    # The tube list's per-key limit and rate each read on one line of their own (a key limit
+    # beside the running limit, '-; 3 per key', wrapped in the narrow column).
+    page.goto(f"{page.base_url}/admin/django_taskloop/tube/")
+    for cell in ("limit", "rate_text"):
+        per_key = page.locator(f"td.field-{cell} .tl-per-key")
+        assert per_key.count() == 1, cell
+        box = per_key.bounding_box()
+        assert box is not None and box["height"] < 20, (cell, box)  # one line of 11 px text
     page.goto(f"{page.base_url}/admin/testapp/intloop/")
     shot(page, "glance-loop")
     assert outside(page, ("pk_display", "loop_state", "updated", "lock_until_at", "lock_ends")) == []
