@@ -81,7 +81,7 @@ class Cluster:
         start: once (CI, 2026-12-03) node 2's provider failed to open its group connection
         ("Failed to set thread schedparams other:0: System error: 3") on every one of its
         three starts, a failure of Galera's start on a loaded machine that no rerun of this
-        machine reproduced (30 starts, quiet and at load 3). Such a cluster, or one whose
+        machine reproduced (17 starts, quiet and at load 3). Such a cluster, or one whose
         nodes never synced, is made again from nothing, on fresh ports, up to ``tries`` times;
         each failed try is a warning in the test report, and the last one's error fails."""
         for attempt in range(1, tries + 1):
