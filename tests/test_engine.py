@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 from django.utils import timezone
@@ -287,3 +288,31 @@ def test_rows_made_into_instances_hold_what_the_orm_reads(use_tz, settings):
     moments = [obj.created for obj in made] + [obj.event_at for obj in made if obj.event_at]
     assert moments and all(timezone.is_aware(m) == use_tz for m in moments)
     assert any(obj.ttl_at is None for obj in made) and any(obj.ttl_at is not None for obj in made)
+
+
+class _Decoder(json.JSONDecoder):
+    def __init__(self, **kwargs):
+        super().__init__(object_hook=lambda found: {"decoded": found}, **kwargs)
+
+
+@pytest.mark.parametrize("decoder", [None, _Decoder])
+def test_a_json_column_converted_at_once_holds_what_from_db_value_gives(decoder):
+    """convert_rows reads a JSONField's column with json's scanner, not from_db_value per
+    value: every value, odd ones too (whitespace, text that is no JSON, bytes, NULL), comes
+    out as from_db_value makes it, and a field with a decoder of its own keeps it."""
+    from django.db import connection, models
+
+    from django_taskloop.engine import compiler
+
+    field = models.JSONField(decoder=decoder)
+    field.set_attributes_from_name("data")
+    texts = ['{"a": [1, 2.5, null]}', '"s"', "null", "17", " 1", "1 ", "not json", "[1,", "NaN", '{"a": 1}x']
+    raw = [*texts, b'{"b": 2}', None]
+    col = object()  # (a Col; from_db_value looks only for a KeyTransform)
+    rows = [(n, value) for n, value in enumerate(raw)]
+    converted = compiler.convert_rows(rows, [(1, [field.from_db_value], col)], connection)
+    assert converted == [[n, field.from_db_value(value, col, connection)] for n, value in rows]
+    assert converted[0][1] == (
+        {"a": [1, 2.5, None]} if decoder is None else {"decoded": {"a": [1, 2.5, None]}}
+    )
+    assert converted[6][1] == "not json" and converted[11][1] is None

@@ -132,6 +132,29 @@ def test_init_signal_listeners_still_hear_claimed_instances():
     assert sorted(heard) == sorted(t.pk for t in taken)
 
 
+def test_a_put_task_is_the_instance_task_init_would_make_and_listeners_still_hear_it():
+    """put builds its unsaved task without ``Task.__init__`` when nobody listens for the init
+    signals: the same values and state as ``Task(...)``, and a listener still hears it."""
+    tube = Tube.objects.create_tube("made", "utubettl", ttr=30, pri=2)
+    task = tube.put({"n": 1}, utube="k", ttl=60)
+    made = Task(tube_id=tube.pk, data={"n": 1}, utube="k", pri=2, ttr=30)
+    fields = ["tube_id", "data", "utube", "pri", "ttr", "state"]
+    assert [getattr(task, name) for name in fields] == [getattr(made, name) for name in fields]
+    assert task._state.adding is False and task._state.db == "default"  # (saved by the put)
+    assert Task.objects.get(pk=task.pk).data == {"n": 1}
+    heard = []
+
+    def listener(sender, instance, **kwargs):
+        heard.append(instance.data)
+
+    signals.post_init.connect(listener, sender=Task)
+    try:
+        heard_task = tube.put({"n": 2}, utube="k")
+    finally:
+        signals.post_init.disconnect(listener, sender=Task)
+    assert heard == [{"n": 2}] and heard_task.pk > task.pk
+
+
 def test_a_kept_claim_makes_its_task_instances_after_the_commit(vendor):
     """Turning a batch's rows into Task instances costs more than the claim statement: it
     happens once the transaction has committed (on SQLite no other writer waits for it)."""

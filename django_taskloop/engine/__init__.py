@@ -32,7 +32,7 @@ from .claim import (
     lock_rows,
     update_returning,
 )
-from .compiler import by_keys
+from .compiler import by_keys, unsaved
 from .cursor import ClaimCursor, Resume
 from .deadline import DeadlinePassed, bounded
 from .insert import MissingRows, insert, insert_together
@@ -73,6 +73,7 @@ __all__ = [
     "bounded",
     "DeadlinePassed",
     "by_keys",
+    "unsaved",
     "DbNow",
     "Shifted",
     "PartialIndex",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connections, models, transaction
@@ -196,8 +196,8 @@ class TubeOperating(TubeCore):
             if ttl is not None:
                 # A delay extends the lifetime: a delayed task lives delay + ttl.
                 values["ttl_at"] = engine.DbNow(min(ttl + delay, MAX_SECONDS))
-        # Every field given in order, as from_db does: no field's default is asked for.
-        return Task(*[values[name] for name in names])  # type: ignore[misc]  # (django-stubs reads one argument)
+        # Every field given, as from_db does: no field's default is asked for.
+        return cast(Task, engine.unsaved(Task, values))
 
     def put_many(
         self,
