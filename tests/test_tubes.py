@@ -451,6 +451,35 @@ def test_take_many_ack_many_release_many(type):
     assert stats["tasks"]["done"] == 2
 
 
+def test_many_verbs_refuse_bad_task_ids_and_change_nothing():
+    """ack_many, release_many and touch_many take ints and Tasks: a bool, text, None or an id
+    no 64-bit column holds is refused by name, whichever place it has in the list, and no
+    task changes; duplicates count once, a generator and a tuple are read as a list is."""
+    tube = make("fifottl")
+    tube.put_many([1, 2, 3])
+    got = tube.take_many(3, consumer="me")
+    first = got[0].pk
+    for bad, error, said in [
+        ([first, True], TypeError, "not bool"),
+        ([False], TypeError, "not bool"),
+        ([first, "2"], TypeError, "not str"),
+        ([None], TypeError, "not NoneType"),
+        ([first, 2**63], ValueError, "64-bit"),
+        ([-(2**63) - 1, first], ValueError, "64-bit"),
+        ("12", TypeError, "not str"),
+    ]:
+        for verb in (tube.ack_many, tube.release_many):
+            with pytest.raises(error, match=said):
+                verb(bad, consumer="me")
+        with pytest.raises(error, match=said):
+            tube.touch_many(bad, 10, consumer="me")
+    assert [t.state for t in tube.tasks.order_by("pk")] == ["t", "t", "t"]
+    assert tube.ack_many(t.pk for t in got[:1]) == 0  # (another consumer's: not acked)
+    assert tube.ack_many((first, first, got[1]), consumer="me") == 2
+    assert tube.ack_many([2**63 - 1, -(2**63)], consumer="me") == 0
+    assert [t.pk for t in tube.tasks.all()] == [got[2].pk]
+
+
 # -- statistics and counters ---------------------------------------------------------------
 
 

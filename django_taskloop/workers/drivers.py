@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import operator
 import os
 import socket
 import threading
@@ -404,8 +405,8 @@ class TubeDriver(Driver["Task"]):
         task = self.tube.wait_take(timeout, self.identity, stop=stop, cursor=self.cursor)
         return [task] if task is not None else []
 
-    def key(self, item: Task) -> int:
-        return item.id
+    #: A task's id (an attribute getter: no Python call, twice a job on the drain's path).
+    key: Callable[[Task], int] = operator.attrgetter("id")  # type: ignore[assignment]
 
     # A Django Tasks queue's tube (handler.queue set) is named by the queue's Django name, and
     # its tasks by their result id and task path: the tube and its task ids are internal.
@@ -570,8 +571,7 @@ class BoardDriver(Driver["Job"]):
     def claim(self, limit: int) -> list[Job]:
         return self.board.claim_many(self.identity, limit, expiry=self.handler.lease)
 
-    def key(self, item: Job) -> str:
-        return item.uuid
+    key: Callable[[Job], str] = operator.attrgetter("uuid")  # type: ignore[assignment]
 
     def describe(self, item: Job) -> str:
         return f"job {item.name} ({item.uuid}) of {self.describe_queue()}"

@@ -214,7 +214,11 @@ def _check_task_ids(task_ids: Any) -> list[int]:
     """Return one task id (or Task) or an iterable of them as a list without duplicates."""
     if isinstance(task_ids, (int, Task)):
         task_ids = [task_ids]
-    return list(dict.fromkeys(check_task_id(t, "task_ids") for t in task_ids))
+    ids = task_ids if type(task_ids) is list else list(task_ids)
+    # A worker's acknowledgement: plain ints (no bool), in range, checked with no call an id.
+    if ids and set(map(type, ids)) == {int} and -(2**63) <= min(ids) and max(ids) < 2**63:
+        return list(dict.fromkeys(ids))
+    return list(dict.fromkeys(check_task_id(t, "task_ids") for t in ids))
 
 
 def worth_trying(
