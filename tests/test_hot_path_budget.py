@@ -69,14 +69,14 @@ BUDGETS: dict[tuple[str, str, str], dict[str, tuple[float, float]]] = {
         "keyed put": (110, 1),
         "put_many": (64, 0),
         "enqueue": (151, 1),
-        "drain": (10.7, 0.02),
+        "drain": (10.7, 0.01),
     },
     ("postgresql", "6.1", "3.12"): {
         "put": (110, 1),
         "keyed put": (111, 1),
         "put_many": (59, 0),
         "enqueue": (148, 1),
-        "drain": (12.6, 0.02),
+        "drain": (12.6, 0.01),
     },
     ("mysql", "5.2", "3.11"): {
         "put": (101, 1),

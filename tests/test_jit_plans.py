@@ -46,7 +46,10 @@ def explained(statements: list[str]) -> list[tuple[str, str]]:
     """Each queue-row statement of ``statements`` with its ``EXPLAIN (ANALYZE)`` in a
     transaction that is rolled back, pinned as the engine pins its own transactions."""
     plans = []
+    lead = f"{vendor.PIN_POSTGRESQL_PLANS}; "
     for sql in statements:
+        if sql.startswith(lead):  # (the pin leads the text of the statement it pins)
+            sql = sql[len(lead) :]
         if "taskloop_task" not in sql or not sql.lstrip().upper().startswith(
             ("WITH", "SELECT", "UPDATE", "DELETE")
         ):

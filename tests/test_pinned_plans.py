@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from django_taskloop.engine import vendor
+from django_taskloop.engine import compiler, vendor
 from django_taskloop.models import Tube
 from django_taskloop.models.tubes import ClaimCursor
 
@@ -63,8 +63,21 @@ def statements(call: Callable[[], Any]) -> list[str]:
     return [q["sql"] for q in queries.captured_queries]
 
 
+def unled(sql: str) -> str:
+    """``sql`` without the pin that leads its text (one round trip for both), if one does."""
+    lead = f"{vendor.PIN_POSTGRESQL_PLANS}; "
+    return sql[len(lead) :] if sql.startswith(lead) else sql
+
+
+def pinned_at(sent: list[str], at: int) -> bool:
+    """Whether statement ``at`` of ``sent`` is pinned: the pin leads its text, or came just
+    before it."""
+    return sent[at].startswith(f"{vendor.PIN_POSTGRESQL_PLANS}; ") or (at > 0 and PIN in sent[at - 1])
+
+
 def plan(sql: str, pinned: bool) -> str:
     """The plan of ``sql`` in a transaction (rolled back), its plans pinned or not."""
+    sql = unled(sql)
     with connection.cursor() as cursor:
         cursor.execute("BEGIN")
         try:
@@ -85,10 +98,8 @@ def test_a_workers_ack_and_take_is_pinned_and_planned_by_its_indexes(misleading_
     taken = tube.take_many(100, consumer="w", cursor=at)
     sent = statements(lambda: tube.ack_and_take([task.id for task in taken], 100, consumer="w", cursor=at))
     claim = [sql for sql in sent if "SKIP LOCKED" in sql]
-    assert len(claim) == 1 and claim[0].startswith("WITH d AS (DELETE"), sent
-    # Pinned first, in the same transaction.
-    at_claim = sent.index(claim[0])
-    assert PIN in sent[at_claim - 1], sent
+    # Pinned first, in the same text (one round trip).
+    assert len(claim) == 1 and claim[0].startswith(f"{vendor.PIN_POSTGRESQL_PLANS}; WITH d AS (DELETE"), sent
     # The statistics mislead: unpinned, the planner reads the table or sorts (this is what
     # the test sets up; if a PostgreSQL ever plans it well anyway, the setup needs a look).
     assert not only_index_ranges(plan(claim[0], pinned=False)), plan(claim[0], pinned=False)
@@ -112,7 +123,7 @@ def test_takes_and_settles_by_the_batch_are_pinned(misleading_statistics):
     for name, call in calls.items():
         sent = statements(call)
         claim = next(i for i, sql in enumerate(sent) if "SKIP LOCKED" in sql)
-        assert PIN in sent[claim - 1], (name, sent)
+        assert pinned_at(sent, claim), (name, sent)
         assert only_index_ranges(plan(sent[claim], pinned=True)), (name, plan(sent[claim], pinned=True))
     held = [task.id for task in tube.take_many(10, consumer="w3")]
     timed = Tube.objects.create_tube("pinned-ttr", "fifottl", ttr=60)
@@ -128,8 +139,6 @@ def test_takes_and_settles_by_the_batch_are_pinned(misleading_statistics):
 
 
 def test_a_callers_transaction_is_never_pinned(misleading_statistics):
-    from django.db import transaction
-
     tube, _ = misleading_statistics
     with transaction.atomic():
         sent = statements(lambda: tube.take_many(100, consumer="w"))
@@ -182,3 +191,66 @@ def test_no_index_but_the_primary_key_can_serve_a_settle(kind):
         for sql in sent:
             settle = plan_without_primary_key(sql).split("CTE c")[0]
             assert "Index" not in settle, (name, sql, settle)
+
+
+def _explain_all_rows(lead: str) -> tuple[str, list[tuple[Any, ...]]]:
+    """``EXPLAIN`` of a read of the whole queue table sent with ``lead``, then ``jit`` as the
+    rest of the transaction sees it (in a transaction rolled back)."""
+    with transaction.atomic():
+        plan = compiler.send(connection, "EXPLAIN SELECT * FROM taskloop_task WHERE %s", [True], lead=lead)
+        jit = compiler.send(connection, "SELECT current_setting('jit')", [])
+        transaction.set_rollback(True)
+    return plan[0][0], jit
+
+
+def test_a_pin_that_leads_a_statement_s_text_holds_for_that_statement_s_plan():
+    """The pin rides in the text of the statement it pins (one round trip for both): the
+    server plans that statement with it, and the rest of the transaction keeps it."""
+    connection.ensure_connection()
+    lead = vendor.lead_with(connection, vendor.PIN_POSTGRESQL_PLANS)
+    assert lead == f"{vendor.PIN_POSTGRESQL_PLANS}; "  # Django's default: client-side binding
+    # The kept cursor, then Django's (what a query watcher sees), the same.
+    for watched in (False, True):
+        if watched:
+            with CaptureQueriesContext(connection) as queries:
+                plan, jit = _explain_all_rows(lead)
+            assert any(q["sql"].startswith(lead + "EXPLAIN") for q in queries.captured_queries)
+        else:
+            plan, jit = _explain_all_rows(lead)
+        # Nothing but a sequential scan reads every column of every row; disabled (the pin),
+        # the planner prices it at 1e10.
+        assert plan.startswith("Seq Scan") and "cost=10000000000" in plan, plan
+        assert jit == [("off",)]
+    unpinned, jit = _explain_all_rows("")
+    assert unpinned.startswith("Seq Scan") and "cost=10000000000" not in unpinned, unpinned
+    assert jit == [("on",)]
+
+
+def test_with_server_side_binding_the_pin_is_a_statement_of_its_own(monkeypatch):
+    """A text with parameters bound on the server is one prepared statement, which holds
+    one statement only (``OPTIONS["server_side_binding"]``): there the pin is sent first, a
+    round trip of its own, and the batch does what it does with the lead."""
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    connection.ensure_connection()
+    if not is_psycopg3:  # psycopg2 binds on the client, always
+        assert vendor.lead_with(connection, vendor.PIN_POSTGRESQL_PLANS)
+        return
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    tube = Tube.objects.create_tube("server-binding", "fifo")
+    tube.put_many(list(range(20)))
+    taken = tube.take_many(10, consumer="w")
+    try:
+        monkeypatch.setattr(connection.connection, "cursor_factory", ServerBindingCursor)
+        for slot in ("_taskloop_cursor", "_taskloop_rows_cursor"):
+            monkeypatch.delattr(connection, slot, raising=False)  # kept cursors made afresh
+        assert vendor.lead_with(connection, vendor.PIN_POSTGRESQL_PLANS) == ""
+        done: list[Any] = []
+        sent = statements(lambda: done.extend(tube.ack_and_take([task.id for task in taken], 10, consumer="w")))
+    finally:
+        connection.close()  # no cursor of that kind kept for the tests after this one
+    claim = next(i for i, sql in enumerate(sent) if "SKIP LOCKED" in sql)
+    assert sent[claim].startswith("WITH d AS (DELETE") and PIN in sent[claim - 1], sent
+    acked, more = done
+    assert acked == 10 and [task.data for task in more] == list(range(10, 20))

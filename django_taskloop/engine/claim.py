@@ -119,9 +119,14 @@ def _claim_kept(
 ) -> Any:
     """:func:`claim` as the kept statement(s)."""
     # One statement that writes: SQLite's write lock needs no taking first.
-    send = statement.rows if isinstance(statement, kept.ClaimStatement) else statement.lock
+    # (Pinned where it needs it: then the pin leads the claim's text, one round trip for both.)
+    send: Callable[[str, Any], list[Any]]
+    if isinstance(statement, kept.ClaimStatement):
+        send, led = statement.rows, lambda lead: statement.rows(using, resume.start, lead)
+    else:
+        send, led = statement.lock, None
     rows = run_in_transaction(
-        model, using, lambda: send(using, resume.start), savepoint=False, lock_first=False, pin=True
+        model, using, lambda: send(using, resume.start), savepoint=False, lock_first=False, pin=True, led=led
     )
     claimed = Claimed(rows, _finisher(statement, resume, using))
     return claimed if later else claimed.instances()
@@ -350,6 +355,7 @@ def delete_and_claim(
     cursor: ClaimCursor | None = None,
     cursor_on: Sequence[str] | None = None,
     later: bool = False,
+    lead: str = "",
 ) -> tuple[int, Any, bool] | None:
     """What a worker does between two batches, as one statement: ``delete_pks(queryset, pks,
     where=…, key=delete_key)``, ``claim(queryset, limit=…, …, direct=True, fetch=True,
@@ -364,7 +370,7 @@ def delete_and_claim(
     counter row matched (the caller adds the counts its own way). ``None`` where it cannot be
     one statement (other databases, or a claim or filter that is not kept): the caller runs
     the parts one by one. ``later``: the claimed rows as a :class:`Claimed` (see
-    :func:`claim`), to be made instances after the commit.
+    :func:`claim`), to be made instances after the commit. ``lead``: see :func:`.compiler.send`.
     """
     using = queryset.db
     if not features(using).modifying_with or not pks:
@@ -385,7 +391,7 @@ def delete_and_claim(
     )
     prepared = list(kept_where.prepared(pks, connection))
     params = [prepared, *kept_where.params, *claim_statement.bound(resume.start), *match.values()]
-    result = compiler.send(connection, sql, params, made_into_instances=True)
+    result = compiler.send(connection, sql, params, made_into_instances=True, lead=lead)
     deleted, counted_rows = result[0][0], result[0][1]
     # No claimed row: the LEFT JOIN's one row, all NULL.
     claimed = Claimed(
@@ -508,10 +514,9 @@ def ack_and_claim(
         return None
     key = spec.key
     assert key is not None
-    done = run_in_transaction(
-        spec.queryset.model,
-        spec.queryset.db,
-        lambda: delete_and_claim(
+
+    def work(lead: str = "") -> tuple[int, Any, bool] | None:
+        return delete_and_claim(
             spec.queryset,
             pks,
             where=where,
@@ -525,10 +530,11 @@ def ack_and_claim(
             cursor=spec.cursor,
             cursor_on=spec.cursor_on,
             later=True,
-        ),
-        alone=True,
-        pin=True,
-    )
+            lead=lead,
+        )
+
+    # The pin leads the statement's text where the driver allows: one round trip for both.
+    done = run_in_transaction(spec.queryset.model, spec.queryset.db, work, alone=True, pin=True, led=work)
     if done is None:
         return None
     deleted, claimed, counted = done

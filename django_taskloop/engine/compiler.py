@@ -45,6 +45,7 @@ def send(
     fetch: Literal["all"] = "all",
     *,
     made_into_instances: bool = False,
+    lead: str = "",
 ) -> list[tuple[Any, ...]]: ...
 @overload
 def send(
@@ -54,6 +55,7 @@ def send(
     fetch: Literal["one"],
     *,
     made_into_instances: bool = False,
+    lead: str = "",
 ) -> Any: ...
 @overload
 def send(
@@ -63,6 +65,7 @@ def send(
     fetch: Literal["rowcount"],
     *,
     made_into_instances: bool = False,
+    lead: str = "",
 ) -> int: ...
 @async_unsafe
 def send(
@@ -72,6 +75,7 @@ def send(
     fetch: Fetch = "all",
     *,
     made_into_instances: bool = False,
+    lead: str = "",
 ) -> Any:
     """Send a kept statement on Django connection ``connection``; return ``fetch``: its rows
     (``"all"``), its first row (``"one"``) or its row count (``"rowcount"``).
@@ -86,6 +90,9 @@ def send(
     :class:`Instances`, which gives their datetimes Django's time zone itself; on psycopg 3
     they are then read on a kept cursor of their own that parses ``timestamptz`` with
     psycopg's C loader (see :func:`_with_fast_timestamps`).
+
+    ``lead``: a statement to send before this one in the same text, one round trip for both
+    (see :func:`.vendor.lead_with`, which says where it can); what is returned is this one's.
     """
     if (
         connection.queries_logged
@@ -95,6 +102,8 @@ def send(
         or (connection.health_check_enabled and not connection.health_check_done)  # type: ignore[attr-defined]
     ):
         with connection.cursor() as cursor:
+            if lead:
+                return _led(cursor.execute, cursor, lead, sql, params, fetch)
             cursor.execute(sql, params)
             return _fetched(cursor, fetch)
     slot = "_taskloop_rows_cursor" if made_into_instances else "_taskloop_cursor"
@@ -108,8 +117,27 @@ def send(
             setattr(connection, slot, kept)  # our own slot on the wrapper
     connection.validate_no_broken_transaction()
     with connection.wrap_database_errors:
+        if lead:
+            return _led(kept[2], kept[1], lead, sql, params, fetch)
         kept[2](sql, params)
         return _fetched(kept[1], fetch)
+
+
+def _led(
+    execute: Callable[[str, Sequence[Any]], Any],
+    cursor: Any,
+    lead: str,
+    sql: str,
+    params: Sequence[Any],
+    fetch: Fetch,
+) -> Any:
+    """Send ``lead`` and ``sql`` as one text; return ``fetch`` of ``sql``'s result."""
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3  # (only PostgreSQL leads)
+
+    execute(lead + sql, params)
+    if is_psycopg3:
+        cursor.nextset()  # psycopg 3 gives each statement's result in turn (psycopg2: the last)
+    return _fetched(cursor, fetch)
 
 
 def _executor(cursor: Any) -> Callable[[str, Sequence[Any]], Any]:

@@ -105,11 +105,13 @@ class ClaimStatement:
         sql += compiler.returning(model, connections[using])
         return cls(sql, params, compiler.Instances(model, update), order)
 
-    def rows(self, using: str, values: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        """Send the claim (``values``: see :meth:`bound`); return its rows as the database
-        gives them (see :meth:`finish`)."""
+    def rows(self, using: str, values: Sequence[Any] | None = None, lead: str = "") -> list[tuple[Any, ...]]:
+        """Send the claim (``values``: see :meth:`bound`; ``lead``: see :func:`.compiler.send`);
+        return its rows as the database gives them (see :meth:`finish`)."""
         # (fetch="all": rows, made into instances by finish() alone)
-        return compiler.send(connections[using], self.sql, self.bound(values), made_into_instances=True)
+        return compiler.send(
+            connections[using], self.sql, self.bound(values), made_into_instances=True, lead=lead
+        )
 
     def finish(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
         """The claimed rows as instances, in the claim's order (``RETURNING`` gives them in

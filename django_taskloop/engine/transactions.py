@@ -18,7 +18,7 @@ from django.db.models import Model
 from ..conf import setting
 from ..exceptions import DatabaseBusy, TaskloopError
 from . import compiler
-from .vendor import features, is_connection_lost, is_retryable, take_write_lock, writers_in_turn
+from .vendor import features, is_connection_lost, is_retryable, lead_with, take_write_lock, writers_in_turn
 
 T = TypeVar("T")
 
@@ -48,6 +48,7 @@ def run_in_transaction(
     lock_first: bool = True,
     pin: bool = False,
     connection: BaseDatabaseWrapper | None = None,
+    led: Callable[[str], T] | None = None,
 ) -> T:
     """Run ``work()`` in a write transaction, retrying deadlocks and lock timeouts.
 
@@ -64,12 +65,15 @@ def run_in_transaction(
     (``Features.pin_plans``, PostgreSQL) the transaction first pins the plans that such
     statements need. Only in a transaction of our own: inside a caller's it would change the
     caller's later statements. Work that is one statement then runs in a transaction too.
+    ``led``: the same work, for one whose first statement is a kept one
+    (:func:`.compiler.send`), given the text to send as that statement's lead: the pin and
+    the statement then go in one round trip where the driver allows (:func:`.vendor.lead_with`).
     ``connection``: ``using``'s, where the caller has it already (each look-up costs calls).
     """
     connection = connections[using] if connection is None else connection
     outermost = not connection.in_atomic_block
     if pin and outermost and features(using).pin_plans:
-        work, alone = _pinned(using, work), False
+        work, alone = _pinned(using, work, led, connection), False
     attempt = 0
     while True:
         try:
@@ -81,12 +85,20 @@ def run_in_transaction(
             time.sleep(min(0.5, 0.01 * 2**attempt) * random.uniform(0.5, 1.5))
 
 
-def _pinned(using: str, work: Callable[[], T]) -> Callable[[], T]:
-    """``work`` after the statement that pins the plans (``Features.pin_plans``)."""
+def _pinned(
+    using: str, work: Callable[[], T], led: Callable[[str], T] | None, connection: BaseDatabaseWrapper
+) -> Callable[[], T]:
+    """``work`` after the statement that pins the plans (``Features.pin_plans``): that
+    statement as the lead of ``led``'s first where the driver allows, else a round trip of its
+    own. (Decided in the transaction, whose connection is open by then.)"""
     pin = features(using).pin_plans
 
     def pinned() -> T:
-        compiler.send(connections[using], pin, [], "one")
+        lead = lead_with(connection, pin) if led is not None else ""
+        if lead:
+            assert led is not None
+            return led(lead)
+        compiler.send(connection, pin, [], "one")
         return work()
 
     return pinned

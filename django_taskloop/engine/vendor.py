@@ -90,6 +90,28 @@ PIN_POSTGRESQL_PLANS = (
 )
 
 
+def lead_with(connection: BaseDatabaseWrapper, statement: str) -> str:
+    """``statement`` as the lead of the next kept statement sent on ``connection`` (the text
+    to put before it, for :func:`.compiler.send`'s ``lead``), or ``""`` where the two cannot
+    be one text. One text is one round trip: PostgreSQL's simple query protocol runs each of
+    its statements in turn, and plans each one as it comes to it, so a ``set_config`` in the
+    lead holds for the planning of the statement after it. psycopg2 sends every text that
+    way, psycopg 3 with client-side binding (Django's default); with server-side binding
+    (``OPTIONS["server_side_binding"]``) a text with parameters is one prepared statement,
+    which holds one statement only. (Not connected yet: ``""``, the pin its own round trip.)"""
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return ""
+    assert "%" not in statement  # (the driver formats the whole text with the parameters)
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    if is_psycopg3:
+        import psycopg
+
+        if not issubclass(connection.connection.cursor_factory, psycopg.ClientCursor):
+            return ""
+    return f"{statement}; "
+
+
 @cache
 def _features(alias: str, vendor: str, skip_locked: bool, of: bool, returning: bool) -> Features:
     return Features(
