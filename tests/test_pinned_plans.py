@@ -247,7 +247,9 @@ def test_with_server_side_binding_the_pin_is_a_statement_of_its_own(monkeypatch)
             monkeypatch.delattr(connection, slot, raising=False)  # kept cursors made afresh
         assert vendor.lead_with(connection, vendor.PIN_POSTGRESQL_PLANS) == ""
         done: list[Any] = []
-        sent = statements(lambda: done.extend(tube.ack_and_take([task.id for task in taken], 10, consumer="w")))
+        sent = statements(
+            lambda: done.extend(tube.ack_and_take([task.id for task in taken], 10, consumer="w"))
+        )
     finally:
         connection.close()  # no cursor of that kind kept for the tests after this one
     claim = next(i for i, sql in enumerate(sent) if "SKIP LOCKED" in sql)
