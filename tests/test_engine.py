@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -316,3 +317,45 @@ def test_a_json_column_converted_at_once_holds_what_from_db_value_gives(decoder)
         {"a": [1, 2.5, None]} if decoder is None else {"decoded": {"a": [1, 2.5, None]}}
     )
     assert converted[6][1] == "not json" and converted[11][1] is None
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_a_datetime_column_converted_at_once_holds_what_the_backend_gives(use_tz, settings):
+    """convert_rows reads a DateTimeField's column as the backend's own converter reads each
+    value (SQLite: the text parsed, the values given the connection's time zone; MySQL: made
+    aware): odd texts too (no microseconds, a few digits of them, an offset, a T), and NULL.
+    On SQLite the kept claim's RETURNING hands it the text (see compiler.returning)."""
+    import datetime as dt
+
+    from django.db import connection
+
+    from django_taskloop.engine import compiler
+    from django_taskloop.models import Task
+
+    settings.USE_TZ = use_tz
+    field = Task._meta.get_field("created")
+    col = field.get_col(Task._meta.db_table)
+    funcs = field.get_db_converters(connection) + connection.ops.get_db_converters(col)
+    if connection.vendor == "sqlite":
+        raw: list[Any] = [
+            "2026-12-07 16:56:29.497454",
+            "2026-12-07 16:56:29",
+            "2026-12-07 16:56:29.5",
+            "2026-12-07T16:56:29.000001",
+            "2026-12-07 16:56:29.497454+00:00",
+            None,
+        ]
+    else:
+        raw = [dt.datetime(2026, 12, 7, 16, 56, 29, 497454), dt.datetime(2026, 12, 7), None]
+    rows = [(n, value) for n, value in enumerate(raw)]
+    converted = compiler.convert_rows(rows, [(1, funcs, col)], connection)
+
+    def one_by_one(value: Any) -> Any:
+        for func in funcs:
+            value = func(value, col, connection)
+        return value
+
+    assert converted == [[n, one_by_one(value)] for n, value in rows]
+    assert [type(row[1]) for row in converted[:-1]] == [dt.datetime] * (len(raw) - 1)
+    if use_tz and connection.vendor != "postgresql":  # (psycopg gives them aware, no converter)
+        assert all(row[1].utcoffset() is not None for row in converted[:-1])
