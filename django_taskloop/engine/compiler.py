@@ -278,7 +278,7 @@ def returning(model: type[Model], connection: BaseDatabaseWrapper) -> str:
     text = connection.vendor == "sqlite"
     columns = []
     for field in model._meta.concrete_fields:
-        name = f"{qn(table)}.{qn(field.column)}"
+        name = f"{qn(table)}.{qn(column(model, field.name))}"
         columns.append(
             f"CAST({name} AS TEXT)" if text and field.get_internal_type() == "DateTimeField" else name
         )
