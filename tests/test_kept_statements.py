@@ -405,3 +405,32 @@ def test_watched_connections_see_every_kept_statement():
     with connection.execute_wrapper(wrapper):
         tube.put(2)
     assert any("INSERT INTO" in sql for sql in seen)
+
+
+@pytest.mark.parametrize(
+    "data", [{"a": [1, 2.5, None], "b": "ü"}, [1, "x"], "text", 7, 1.5, True, False, None]
+)
+def test_a_kept_insert_sends_a_json_value_as_the_field_would(data):
+    """A put's kept INSERT hands a plain JSON value to the backend's adapter directly
+    (kept._json_adapter): its parameters are what the fields' get_db_prep_save give, and the
+    task reads back as put."""
+    from django_taskloop.engine import kept
+    from django_taskloop.engine.insert import insert_fields
+
+    tube = Tube.objects.create_tube("json-params", "fifo")
+    fields, returned = insert_fields(Task, [])
+    obj = Task(tube=tube, data=data)
+    statement = kept.one_row_insert(obj, "default", fields, returned, False)
+    assert statement is not None
+    sent = statement.params(obj, connection)
+    expected = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+
+    def plain(value):  # (PostgreSQL's adapters have no ==: their class and what they hold)
+        held = getattr(value, "obj", getattr(value, "adapted", value))
+        return type(value).__name__, held, getattr(value, "dumps", None)
+
+    at = [field.name for field in fields].index("created")  # (now, as the call makes it)
+    assert [plain(v) for n, v in enumerate(sent) if n != at] == [
+        plain(v) for n, v in enumerate(expected) if n != at
+    ]
+    assert Task.objects.get(pk=tube.put(data).pk).data == data

@@ -9,13 +9,16 @@ shape (with Django's own compiler, see :mod:`.compiler`) and kept.
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Callable, Hashable, Sequence
+from functools import partial
 from operator import attrgetter
 from typing import Any, TypeVar
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import DateField, DateTimeField, Expression, Field, Model, Q, QuerySet
+from django.db.backends.base.operations import BaseDatabaseOperations
+from django.db.models import DateField, DateTimeField, Expression, Field, JSONField, Model, Q, QuerySet
 
 from . import compiler
 from .cursor import Resume, order_attributes
@@ -427,8 +430,9 @@ class OneRowInsert:
         # Held so that their ids, part of this statement's key, are not reused.
         self.field_lists = (fields, returned)
         # Per field: its DbNow shape, whether it reads its value through pre_save (auto_now
-        # dates and fields that override it), whether it stores None as NULL as is, and the
-        # type of value it sends as it is (None: every value goes through the field).
+        # dates and fields that override it), whether it stores None as NULL as is, the type
+        # of value it sends as it is (None: every value goes through the field), and what
+        # turns a JSON value into what it sends (a JSONField; see _json_adapter).
         self.fields = [
             (
                 field,
@@ -437,6 +441,7 @@ class OneRowInsert:
                 _own_pre_save(field),
                 field.get_db_prep_save(None, connection) is None,
                 _sent_as_is(field, connection),
+                _json_adapter(field, connection),
             )
             for field in fields
         ]
@@ -470,7 +475,8 @@ class OneRowInsert:
         prepare them."""
         params: list[Any] = []
         values = obj.__dict__
-        for field, now, attname, pre_save, none_is_null, as_is in self.fields:
+        json_types = _JSON_TYPES
+        for field, now, attname, pre_save, none_is_null, as_is, to_json in self.fields:
             if now is None:
                 if pre_save:
                     value = field.pre_save(obj, True)
@@ -479,6 +485,11 @@ class OneRowInsert:
                     # The common case costs no call: a value the field would send unchanged.
                     if (value is None and none_is_null) or type(value) is as_is:
                         params.append(value)
+                        continue
+                    # A JSON document: the backend's adapter alone (the field's three calls
+                    # before it change no plain JSON value).
+                    if to_json is not None and type(value) in json_types:
+                        params.append(to_json(value))
                         continue
                 params.append(
                     None if value is None and none_is_null else field.get_db_prep_save(value, connection)
@@ -569,6 +580,24 @@ def _sent_as_is(field: Any, connection: BaseDatabaseWrapper) -> type | None:
         except Exception:  # (a value of another kind: ValidationError, TypeError, ValueError)
             continue
     return None
+
+
+#: The types of plain JSON values: what JSONField's get_db_prep_save and get_prep_value hand
+#: to the backend's adapt_json_value unchanged (no expression, no lazy text).
+_JSON_TYPES = frozenset({dict, list, str, int, float, bool})
+
+
+def _json_adapter(field: Any, connection: BaseDatabaseWrapper) -> Callable[[Any], Any] | None:
+    """What ``field.get_db_prep_save`` comes to for a plain JSON value (:data:`_JSON_TYPES`),
+    for Django's own ``JSONField`` alone (not a subclass, which may change a value as it
+    likes): ``connection.ops.adapt_json_value(value, field.encoder)``, which is ``json.dumps``
+    itself where the backend keeps the base one and the field has no encoder (SQLite, MySQL)."""
+    if type(field) is not JSONField:
+        return None
+    ops = connection.ops
+    if type(ops).adapt_json_value is BaseDatabaseOperations.adapt_json_value and field.encoder is None:
+        return json.dumps
+    return partial(ops.adapt_json_value, encoder=field.encoder)
 
 
 def _own_pre_save(field: Any) -> bool:
