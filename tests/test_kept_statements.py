@@ -7,6 +7,7 @@ on PostgreSQL and SQLite; MariaDB (no ``UPDATE … RETURNING``) keeps the lockin
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import pytest
@@ -21,6 +22,10 @@ from django_taskloop.models.tubes import claiming as tubes_claiming
 from django_taskloop.models.tubes.definitions import TAKE_ORDER
 
 from .conftest import race
+
+# (engine.claim is the function; these are the modules.)
+kept = importlib.import_module("django_taskloop.engine.kept")
+claim_module = importlib.import_module("django_taskloop.engine.claim")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -85,7 +90,7 @@ def test_the_kept_claim_returns_the_rows_as_stored_in_claim_order():
     assert pris == [0, 1, 1, 2, 3, 5]
 
 
-def test_kept_statements_are_per_consumer_and_limit():
+def test_kept_statements_are_per_consumer_whatever_the_limit():
     tube = Tube.objects.create_tube("who", "fifo")
     tube.put_many(list(range(20)))
     a = tube.take_many(3, consumer="a")
@@ -100,6 +105,51 @@ def test_kept_statements_are_per_consumer_and_limit():
     assert tube.ack_many([t.pk for t in b], consumer="b") == 3
     assert Task.objects.count() == 20 - 6
     assert tube.statistics()["calls"]["take"] == 11
+
+
+def test_a_claim_is_compiled_once_whatever_its_limit(monkeypatch, vendor):
+    """A worker's claim grows from one item to its batch (and follows its handler's measured
+    time): its limit is a parameter of the one kept statement, not a statement per limit (each
+    compiled by the ORM, a few milliseconds, and filling the kept statements)."""
+    tube = Tube.objects.create_tube("limits", "fifottl", ttr=60)
+    tube.put_many(list(range(60)))
+    built = []
+    for kind in (kept.ClaimStatement, kept.LockedClaimStatement):
+        build = kind.build.__func__
+
+        def counting(cls, *args, _build=build, **kwargs):
+            statement = _build(cls, *args, **kwargs)
+            built.append(cls.__name__)
+            return statement
+
+        monkeypatch.setattr(kind, "build", classmethod(counting))
+    batches = []
+    monkeypatch.setattr(
+        claim_module, "_delete_and_claim_sql", _counting(claim_module._delete_and_claim_sql, batches)
+    )
+    kept._kept.clear()
+    taken = []
+    for limit in (1, 2, 3, 5):  # (1: one row, no direct claim; the others kept)
+        taken += tube.take_many(limit, consumer="w")
+    held = [t.pk for t in taken]
+    for limit in (4, 6, 9, 13):
+        acked, more = tube.ack_and_take(held, limit, consumer="w")
+        assert (acked, len(more)) == (len(held), limit)
+        taken += more
+        held = [t.pk for t in more]
+    # Best first, batch after batch, and every one taken once.
+    assert [t.pk for t in taken] == sorted(t.pk for t in taken)
+    assert len(taken) == 11 + 32 and Task.objects.filter(state="t").count() == 13
+    assert len(built) == 1, built
+    assert len(batches) == (1 if vendor == "postgresql" else 0), batches
+
+
+def _counting(func, calls):
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return func(*args, **kwargs)
+
+    return counted
 
 
 def test_a_kept_claim_honours_ttl_and_utube_like_the_orm_claim(clock):

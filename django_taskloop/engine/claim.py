@@ -96,7 +96,7 @@ def claim(
     if key is not None and direct and fetch and keeps_claims(using):
         statement = kept.kept_claim(queryset, limit, claimable, order_by, changes, key, resume, hints)
         if statement is not None:
-            return _claim_kept(queryset.model, using, statement, resume, later)
+            return _claim_kept(queryset.model, using, statement, resume, later, limit)
     claimable = _and(claimable, resume.condition(using))
     rows = _claim_through_orm(queryset, limit, claimable, order_by, changes, fetch, overfetch, direct, *hints)
     resume.claimed(rows if fetch else [])
@@ -116,17 +116,24 @@ def _claim_kept(
     statement: kept.ClaimStatement | kept.LockedClaimStatement,
     resume: Resume,
     later: bool,
+    limit: int,
 ) -> Any:
-    """:func:`claim` as the kept statement(s)."""
+    """:func:`claim` as the kept statement(s), of up to ``limit`` rows."""
     # One statement that writes: SQLite's write lock needs no taking first.
     # (Pinned where it needs it: then the pin leads the claim's text, one round trip for both.)
-    send: Callable[[str, Any], list[Any]]
+    send: Callable[..., list[Any]]
     if isinstance(statement, kept.ClaimStatement):
-        send, led = statement.rows, lambda lead: statement.rows(using, resume.start, lead)
+        send, led = statement.rows, lambda lead: statement.rows(using, resume.start, lead, limit)
     else:
         send, led = statement.lock, None
     rows = run_in_transaction(
-        model, using, lambda: send(using, resume.start), savepoint=False, lock_first=False, pin=True, led=led
+        model,
+        using,
+        lambda: send(using, resume.start, limit=limit),
+        savepoint=False,
+        lock_first=False,
+        pin=True,
+        led=led,
     )
     claimed = Claimed(rows, _finisher(statement, resume, using))
     return claimed if later else claimed.instances()
@@ -386,11 +393,12 @@ def delete_and_claim(
     # from batch to batch, with few enough parameters for the driver to keep it parsed.
     shape = (model, tuple(match), tuple(counted), resume.start is not None)
     sql = kept.keep(
-        ("delete-and-claim", key, delete_key, using, limit, shape),
+        # (The claim's limit is its parameter, unless its text has it: see kept.kept_claim.)
+        ("delete-and-claim", key, delete_key, using, claim_statement.limit, shape),
         lambda: _delete_and_claim_sql(kept_where, claim_statement, counters, using),
     )
     prepared = list(kept_where.prepared(pks, connection))
-    params = [prepared, *kept_where.params, *claim_statement.bound(resume.start), *match.values()]
+    params = [prepared, *kept_where.params, *claim_statement.bound(resume.start, limit), *match.values()]
     result = compiler.send(connection, sql, params, made_into_instances=True, lead=lead)
     deleted, counted_rows = result[0][0], result[0][1]
     # No claimed row: the LEFT JOIN's one row, all NULL.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from collections.abc import Callable, Hashable, Sequence
 from functools import partial
 from operator import attrgetter
@@ -56,25 +57,32 @@ class ClaimStatement:
     RETURNING *``: a claim in one statement (databases with ``UPDATE … RETURNING``)."""
 
     def __init__(
-        self, sql: str, params: Sequence[Any], instances: compiler.Instances, order: list[tuple[str, bool]]
+        self,
+        sql: str,
+        params: Sequence[Any],
+        instances: compiler.Instances,
+        order: list[tuple[str, bool]],
+        limit: int | None = None,
     ):
         self.sql = sql
         self.params = tuple(params)
         self.instances = instances
         self.order = order
+        #: The limit written in the text; ``None``: the limit is a parameter (see _limit_param).
+        self.limit = limit
         #: (place in params, value index) of each stand-in the sends fill in.
         self._places = _places_of(self.params)
 
-    def bound(self, values: Sequence[Any] | None = None) -> tuple[Any, ...]:
-        """The statement's parameters, its stand-ins (a claim after a cursor's position)
-        replaced by ``values``."""
-        return _bound(self.params, self._places, values)
+    def bound(self, values: Sequence[Any] | None = None, limit: int | None = None) -> tuple[Any, ...]:
+        """The statement's parameters, its stand-ins replaced: a claim after a cursor's
+        position by ``values``, the limit by ``limit``."""
+        return _bound(self.params, self._places, values, limit)
 
     @classmethod
     def build(
         cls,
         queryset: QuerySet[Any],
-        limit: int,
+        limit: int | None,
         claimable: Q | Callable[[], Q],
         order_by: Sequence[Any],
         changes: dict[str, Any] | Callable[[], dict[str, Any]],
@@ -83,7 +91,8 @@ class ClaimStatement:
         """The statement, or ``None`` where the claim needs more than one (a filter that reads
         other tables is read again after the lock; an order on a nullable or computed value
         cannot be restored in Python). ``after``: how many values a cursor's position has, and
-        the filter for rows after it, given stand-ins for them (:meth:`bound` fills them in)."""
+        the filter for rows after it, given stand-ins for them (:meth:`bound` fills them in).
+        ``limit``: ``None`` for the limit as a parameter (see :func:`_limit_param`)."""
         model = queryset.model
         using = queryset.db
         claimable = claimable() if callable(claimable) else claimable
@@ -99,21 +108,26 @@ class ClaimStatement:
             return None
         if features(using).skip_locked:
             base = base.select_for_update(skip_locked=True)
-        rows = model._base_manager.db_manager(using).filter(pk__in=base.values("pk")[:limit])
+        compiled_limit = _COMPILED_LIMIT if limit is None else limit
+        rows = model._base_manager.db_manager(using).filter(pk__in=base.values("pk")[:compiled_limit])
         # Django compiles FOR UPDATE only inside a transaction; PostgreSQL's batch statement
         # runs in autocommit (engine.delete_and_claim), and may be the first to need this one.
         sql, params, update = compiler.compile_update(rows, changes, for_update=True)
         if connections[using].vendor == "postgresql":
             sql = compiler.by_row_address(sql)
         sql += compiler.returning(model, connections[using])
-        return cls(sql, params, compiler.Instances(model, update), order)
+        if limit is None:
+            (sql, params), limit = _limit_param(sql, params)
+        return cls(sql, params, compiler.Instances(model, update), order, limit)
 
-    def rows(self, using: str, values: Sequence[Any] | None = None, lead: str = "") -> list[tuple[Any, ...]]:
-        """Send the claim (``values``: see :meth:`bound`; ``lead``: see :func:`.compiler.send`);
-        return its rows as the database gives them (see :meth:`finish`)."""
+    def rows(
+        self, using: str, values: Sequence[Any] | None = None, lead: str = "", limit: int | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Send the claim (``values``, ``limit``: see :meth:`bound`; ``lead``: see
+        :func:`.compiler.send`); return its rows as the database gives them (see :meth:`finish`)."""
         # (fetch="all": rows, made into instances by finish() alone)
         return compiler.send(
-            connections[using], self.sql, self.bound(values), made_into_instances=True, lead=lead
+            connections[using], self.sql, self.bound(values, limit), made_into_instances=True, lead=lead
         )
 
     def finish(self, using: str, rows: Sequence[Sequence[Any]]) -> list[Model]:
@@ -144,20 +158,25 @@ def kept_claim(
     locked = not features(using).update_returning
 
     def build(
-        after: tuple[int, Callable[[Sequence[Any]], Q | None]] | None = None,
+        limit: int | None, after: tuple[int, Callable[[Sequence[Any]], Q | None]] | None
     ) -> ClaimStatement | LockedClaimStatement | None:
         if locked:
             return LockedClaimStatement.build(queryset, limit, claimable, order_by, changes, after, *hints)
         return ClaimStatement.build(queryset, limit, claimable, order_by, changes, after)
 
     kind = "locked claim" if locked else "claim"
-    if resume is None or resume.start is None:
-        return keep((kind, key, using, limit), build)
-    condition = resume.condition
-    count = len(resume.start)
-    return keep(
-        (f"{kind} after", key, using, limit), lambda: build((count, lambda values: condition(using, values)))
-    )
+    after = None
+    if resume is not None and resume.start is not None:
+        kind, condition, count = f"{kind} after", resume.condition, len(resume.start)
+        after = (count, lambda values: condition(using, values))
+    # One statement whatever the limit, which is its parameter: a worker's claims grow from
+    # one item to its batch, and follow its handler's measured time (each limit its own
+    # statement cost an ORM compile, milliseconds, and a place among the kept ones).
+    statement = keep((kind, key, using), lambda: build(None, after))
+    if statement is not None and statement.limit is not None:
+        # (The text did not take the limit as a parameter: one statement per limit.)
+        statement = keep((kind, key, using, limit), lambda: build(limit, after))
+    return statement
 
 
 class LockedClaimStatement:
@@ -168,8 +187,12 @@ class LockedClaimStatement:
     locked in between, so the instances made from the read hold what the ``UPDATE`` wrote:
     no read after it (three statements, each built by the ORM every batch, before)."""
 
-    def __init__(self, read: compiler.ChangedRows, set_sql: str, set_params: Sequence[Any]) -> None:
+    def __init__(
+        self, read: compiler.ChangedRows, set_sql: str, set_params: Sequence[Any], limit: int | None = None
+    ) -> None:
         self.read = read
+        #: As :attr:`ClaimStatement.limit`.
+        self.limit = limit
         #: The stand-ins of a claim after a cursor's position, in the read's parameters.
         self._places = _places_of(read.params)
         #: ``UPDATE … WHERE pk IN`` without the keys; the pinned clock's places in its parameters.
@@ -181,7 +204,7 @@ class LockedClaimStatement:
     def build(
         cls,
         queryset: QuerySet[Any],
-        limit: int,
+        limit: int | None,
         claimable: Q | Callable[[], Q],
         order_by: Sequence[Any],
         changes: dict[str, Any] | Callable[[], dict[str, Any]],
@@ -207,21 +230,24 @@ class LockedClaimStatement:
             or queryset.query.distinct
         ):
             return None
-        locking = base.select_for_update(skip_locked=True)[:limit]
+        locking = base.select_for_update(skip_locked=True)[: _COMPILED_LIMIT if limit is None else limit]
         read = compiler.ChangedRows(locking, changes, DbNow(), hint, sub_hint)
+        if limit is None:
+            (read.sql, read.params), limit = _limit_param(read.sql, read.params)
         pinned = {name: pin_clock(value, _MOMENT) for name, value in changes.items()}
         rows = model._base_manager.db_manager(using).filter(pk__in=[0])
         sql, params, _ = compiler.compile_update(rows, pinned)
         if not sql.endswith(" IN (%s)") or params[-1] != 0:
             return None  # (not the shape this splits)
-        return cls(read, sql[: -len("(%s)")], params[:-1])
+        return cls(read, sql[: -len("(%s)")], params[:-1], limit)
 
-    def lock(self, using: str, values: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        """Send the locking read (``values``: a cursor's position, see
-        :meth:`ClaimStatement.bound`), then the lease's ``UPDATE`` on what it locked; return
-        the read's rows (see :meth:`finish`)."""
+    def lock(
+        self, using: str, values: Sequence[Any] | None = None, limit: int | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Send the locking read (``values``, ``limit``: see :meth:`ClaimStatement.bound`), then
+        the lease's ``UPDATE`` on what it locked; return the read's rows (see :meth:`finish`)."""
         connection = connections[using]
-        rows = compiler.send(connection, self.read.sql, _bound(self.read.params, self._places, values))
+        rows = compiler.send(connection, self.read.sql, _bound(self.read.params, self._places, values, limit))
         if rows:
             head = list(self.set_params)
             moment = self.read.moment(rows)
@@ -259,16 +285,23 @@ def _places_of(params: Sequence[Any]) -> list[tuple[int, int]]:
 
 
 def _bound(
-    params: tuple[Any, ...], places: list[tuple[int, int]], values: Sequence[Any] | None
+    params: tuple[Any, ...],
+    places: list[tuple[int, int]],
+    values: Sequence[Any] | None,
+    limit: int | None = None,
 ) -> tuple[Any, ...]:
     """``params`` with the stand-ins at ``places`` replaced by ``values`` (a cursor's
-    position); ``params`` itself where there are none."""
+    position) and ``limit`` (:data:`_LIMIT`'s place); ``params`` itself where there are none."""
     if not places:
         return params
-    assert values is not None, "this claim starts after a position: give its values"
     bound = list(params)
     for at, index in places:
-        bound[at] = values[index]
+        if index < 0:
+            assert limit is not None, "this claim's limit is a parameter: give it"
+            bound[at] = limit
+        else:
+            assert values is not None, "this claim starts after a position: give its values"
+            bound[at] = values[index]
     return tuple(bound)
 
 
@@ -279,6 +312,32 @@ class _StandIn:
 
     def __init__(self, index: int) -> None:
         self.index = index
+
+
+#: The stand-in of a claim's limit (:func:`_limit_param`).
+_LIMIT = _StandIn(-1)
+
+#: The limit a claim is compiled with when its limit is to be a parameter: a number no
+#: other part of the text holds (Django writes a slice's limit into the text).
+_COMPILED_LIMIT = 1_987_654_321
+
+#: A placeholder, or an escaped percent sign, in a statement's text.
+_MARKS = re.compile("%[%s]")
+
+
+def _limit_param(sql: str, params: Sequence[Any]) -> tuple[tuple[str, tuple[Any, ...]], int | None]:
+    """``((sql, params), None)``: a statement compiled with :data:`_COMPILED_LIMIT`, its limit
+    made a parameter (the stand-in :data:`_LIMIT`, in its place among ``params``); or, where
+    the text does not hold that limit once as a plain ``LIMIT``, ``((sql, params),
+    _COMPILED_LIMIT)`` unchanged (the caller compiles one statement per limit instead)."""
+    literal = f" LIMIT {_COMPILED_LIMIT}"
+    at = sql.find(literal)
+    marks = [mark for mark in _MARKS.findall(sql) if mark == "%s"]
+    if at < 0 or sql.find(literal, at + 1) >= 0 or len(marks) != len(params):
+        return (sql, tuple(params)), _COMPILED_LIMIT
+    before = sum(1 for mark in _MARKS.findall(sql, 0, at) if mark == "%s")
+    sql = f"{sql[:at]} LIMIT %s{sql[at + len(literal) :]}"
+    return (sql, (*params[:before], _LIMIT, *params[before:])), None
 
 
 # -- DELETE by keys --------------------------------------------------------------------------
