@@ -48,7 +48,7 @@ BUDGETS: dict[tuple[str, str, str], dict[str, tuple[float, float]]] = {
         "keyed put": (97, 1),
         "put_many": (42, 0),
         "enqueue": (138, 1),
-        "drain": (11.9, 0.04),
+        "drain": (11.8, 0.04),
     },
     ("sqlite", "6.0", "3.13"): {
         "put": (92, 1),
