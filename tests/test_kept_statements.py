@@ -153,7 +153,7 @@ def test_a_claim_is_compiled_once_whatever_its_limit(monkeypatch, vendor):
     )
     kept._kept.clear()
     taken = []
-    for limit in (1, 2, 3, 5):  # (1: one row, no direct claim; the others kept)
+    for limit in (1, 2, 3, 5):  # (a claim of one row is the same kept claim)
         taken += tube.take_many(limit, consumer="w")
     held = [t.pk for t in taken]
     for limit in (4, 6, 9, 13):
